@@ -1,0 +1,153 @@
+"""Backbone structures: Biopython parsing of PDB/mmCIF files into ProteinMPNN features."""
+
+from __future__ import annotations
+
+import gzip
+import io
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from Bio.Data.PDBData import protein_letters_3to1_extended
+from Bio.PDB import MMCIFParser, PDBParser
+
+AMINO_ACIDS = "ACDEFGHIKLMNPQRSTVWY"
+ALPHABET = AMINO_ACIDS + "X"  # ProteinMPNN token order; X (20) = unknown
+BACKBONE_ATOMS = ("N", "CA", "C", "O")
+CHAIN_OFFSET = 100  # official ProteinMPNN adds 100 to residue_idx per chain
+
+
+class StructureError(ValueError):
+    """A structure file that cannot be used, with the file named in the message."""
+
+
+@dataclass(frozen=True)
+class Chain:
+    """One protein chain: observed residues in file order.
+
+    `coords` holds N, CA, C, O per residue (NaN where an atom is missing); `positions` counts residues
+    from the chain's first one following the author numbering, so a numbering gap is a positional gap
+    and insertion codes take one position each, exactly as official ProteinMPNN pads its chains.
+    """
+
+    chain_id: str
+    sequence: str
+    coords: np.ndarray  # [L, 4, 3] float32
+    positions: np.ndarray  # [L] int64
+
+
+@dataclass(frozen=True)
+class Features:
+    """ProteinMPNN input for designed chains followed by fixed (visible) chains."""
+
+    X: np.ndarray  # [L, 4, 3] float32, 0 where missing
+    mask: np.ndarray  # [L] float32, 1 where all four backbone atoms are present
+    residue_idx: np.ndarray  # [L] int64
+    chain_encoding: np.ndarray  # [L] int64, 1-based in chain order
+    design_mask: np.ndarray  # [L] float32, 1 on designed chains
+    native: np.ndarray  # [L] int64, native sequence tokens (ALPHABET indices)
+
+
+def residue_letter(resname: str) -> str:
+    """One-letter code; modified residues map to their standard parent (MSE -> M), others to X."""
+    letter = protein_letters_3to1_extended.get(resname.strip().upper(), "X")
+    return letter if letter in AMINO_ACIDS else "X"
+
+
+def _open_text(path: Path) -> io.TextIOBase:
+    if path.suffix == ".gz":
+        return io.TextIOWrapper(gzip.open(path), encoding="utf-8")
+    return open(path, encoding="utf-8")
+
+
+def _is_mmcif(path: Path) -> bool:
+    suffixes = [s.lower() for s in path.suffixes]
+    return ".cif" in suffixes or ".mmcif" in suffixes
+
+
+def parse_structure(path: str | Path) -> dict[str, Chain]:
+    """Parse the first model of a PDB or mmCIF file (optionally gzipped) into protein chains.
+
+    As in official ProteinMPNN, residues come from ATOM records plus selenomethionine (MSE) HETATM records;
+    other hetero groups (ligands, waters, other modified residues) are ignored, so sequences match those the
+    official tools produce. Chains without any residue are left out.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise StructureError(f"{path}: structure file not found")
+    parser = MMCIFParser(QUIET=True) if _is_mmcif(path) else PDBParser(QUIET=True)
+    try:
+        with _open_text(path) as handle:
+            structure = parser.get_structure(path.name, handle)
+        model = next(iter(structure))
+    except StopIteration:
+        raise StructureError(f"{path}: no atomic coordinates found") from None
+    except (ValueError, KeyError, IndexError, OSError, UnicodeDecodeError) as err:
+        raise StructureError(f"{path}: cannot parse structure ({type(err).__name__}: {err})") from None
+
+    chains: dict[str, Chain] = {}
+    for chain in model:
+        letters, coords, numbers = [], [], []
+        for residue in chain:
+            hetflag, resseq, _icode = residue.id
+            if hetflag != " " and residue.get_resname() != "MSE":
+                continue
+            letters.append(residue_letter(residue.get_resname()))
+            coords.append([residue[a].coord if a in residue else np.full(3, np.nan) for a in BACKBONE_ATOMS])
+            numbers.append(resseq)
+        if not letters:
+            continue
+        steps = np.maximum(np.diff(np.asarray(numbers, dtype=np.int64)), 1)
+        chains[chain.id] = Chain(
+            chain_id=chain.id,
+            sequence="".join(letters),
+            coords=np.asarray(coords, dtype=np.float32),
+            positions=np.concatenate([[0], np.cumsum(steps)]).astype(np.int64),
+        )
+    if not chains:
+        raise StructureError(f"{path}: no protein chains found")
+    return chains
+
+
+def featurize(
+    chains: dict[str, Chain],
+    design_chains: list[str],
+    fixed_chains: list[str],
+    path: str | Path,
+) -> Features:
+    """Concatenate designed then fixed chains into ProteinMPNN features (official chain offsets)."""
+    for chain_id in [*design_chains, *fixed_chains]:
+        if chain_id not in chains:
+            raise StructureError(
+                f"{path}: chain {chain_id!r} not found (chains present: {', '.join(chains)})"
+            )
+    if not design_chains:
+        raise StructureError(f"{path}: no chain to design")
+    overlap = set(design_chains) & set(fixed_chains)
+    if overlap:
+        raise StructureError(f"{path}: chains {sorted(overlap)} are both designed and fixed")
+
+    X, residue_idx, chain_encoding, design_mask, native = [], [], [], [], []
+    start = 0
+    for number, chain_id in enumerate([*design_chains, *fixed_chains], start=1):
+        chain = chains[chain_id]
+        X.append(chain.coords)
+        residue_idx.append(CHAIN_OFFSET * (number - 1) + start + chain.positions)
+        chain_encoding.append(np.full(len(chain.sequence), number, dtype=np.int64))
+        design_mask.append(np.full(len(chain.sequence), float(chain_id in design_chains), dtype=np.float32))
+        native.append(np.array([ALPHABET.index(a) for a in chain.sequence], dtype=np.int64))
+        start += int(chain.positions[-1]) + 1
+    coords = np.concatenate(X)
+    mask = np.isfinite(coords).all(axis=(1, 2)).astype(np.float32)
+    if not mask[np.concatenate(design_mask) > 0].any():
+        raise StructureError(
+            f"{path}: designed chains {design_chains} have no residue with all backbone atoms"
+        )
+    return Features(
+        X=np.nan_to_num(coords, nan=0.0),
+        mask=mask,
+        residue_idx=np.concatenate(residue_idx),
+        chain_encoding=np.concatenate(chain_encoding),
+        design_mask=np.concatenate(design_mask),
+        native=np.concatenate(native),
+    )

@@ -1,0 +1,230 @@
+"""Preference files: formats, fields, validation errors, the structure cache and batching."""
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import datasets
+import numpy as np
+import pytest
+import torch
+from conftest import SHARED_DATA, STRUCTURES
+
+import dpo_inv.data as data
+from dpo_inv.data import (
+    DataError,
+    LengthGroupedSampler,
+    PreferenceDataset,
+    build_structures,
+    collate,
+    load_pairs,
+)
+from dpo_inv.structure import ALPHABET
+
+TRAIN = SHARED_DATA / "train.jsonl"
+
+
+def records(path: Path = TRAIN) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def absolute(rows: list[dict], folder: Path = SHARED_DATA) -> list[dict]:
+    return [{**r, "pdb_file": str((folder / r["pdb_file"]).resolve())} for r in rows]
+
+
+@pytest.fixture
+def parse_count(monkeypatch):
+    calls = []
+    real = data.parse_structure
+
+    def counting(path):
+        calls.append(path)
+        return real(path)
+
+    monkeypatch.setattr(data, "parse_structure", counting)
+    return calls
+
+
+def test_shared_train_file(cache_dir, parse_count):
+    dataset = load_pairs(TRAIN, cache_dir=cache_dir)
+    assert len(dataset.pairs) == 146
+    assert len(dataset.structures) == 20 == len(parse_count)  # each structure parsed once for 146 pairs
+    first = records()[0]
+    row = dataset.pairs[0]
+    assert "".join(ALPHABET[i] for i in row["chosen"]) == first["preferred_seq"]
+    assert "".join(ALPHABET[i] for i in row["rejected"]) == first["unpreferred_seq"]
+    assert row["weight"] == 1.0 and all(row["mutable"])
+
+
+def test_cache_is_reused_and_invalidated_by_a_changed_file(tmp_path, cache_dir, parse_count):
+    structure = tmp_path / "2xcjA.pdb.gz"
+    shutil.copy(STRUCTURES / "2xcjA.pdb.gz", structure)
+    keys = [(str(structure), ("A",), ())]
+    first, cached = build_structures(keys, cache_dir)
+    assert not cached and len(parse_count) == 1
+    again, cached = build_structures(keys, cache_dir)
+    assert cached and len(parse_count) == 1
+    assert again["X"] == first["X"]
+    stat = structure.stat()
+    os.utime(structure, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
+    _, cached = build_structures(keys, cache_dir)
+    assert not cached and len(parse_count) == 2
+
+
+def test_formats_give_identical_pairs(tmp_path, cache_dir):
+    rows = absolute(records()[:12])
+    jsonl = write_jsonl(tmp_path / "pairs.jsonl", rows)
+    as_list = tmp_path / "pairs.json"
+    as_list.write_text(json.dumps(rows))
+    table = datasets.Dataset.from_list(rows)
+    table.to_csv(tmp_path / "pairs.csv", index=False)
+    table.to_parquet(tmp_path / "pairs.parquet")
+    expected = load_pairs(jsonl, cache_dir=cache_dir).pairs.to_dict()
+    for name in ("pairs.json", "pairs.csv", "pairs.parquet"):
+        assert load_pairs(tmp_path / name, cache_dir=cache_dir).pairs.to_dict() == expected, name
+
+
+def test_aliases_chains_mutable_and_weight(tmp_path, cache_dir):
+    multichain = records(SHARED_DATA / "multichain.jsonl")
+    hvr = absolute([r for r in multichain if "1hvr" in r["pdb_file"]])[0]
+    rows = [
+        {
+            "structure": hvr["pdb_file"],
+            "chosen": hvr["preferred_seq"],
+            "rejected": hvr["unpreferred_seq"],
+            "design_chains": ["A"],
+            "fixed_chains": ["B"],
+            "mutable_positions": [0, 5, 97],
+            "weight": 2.5,
+        },
+        {**hvr, "mutable_ranges": [[3, 5], [10, 10]]},
+        {**{k: v for k, v in hvr.items() if k not in ("design_chains", "fixed_chains")}, "chain_id": "B"},
+        {k: v for k, v in hvr.items() if k not in ("design_chains", "fixed_chains")},  # first chain designed
+    ]
+    dataset = load_pairs(write_jsonl(tmp_path / "p.jsonl", rows), cache_dir=cache_dir)
+    assert [r for r in dataset.pairs["weight"]] == [2.5, 1.0, 1.0, 1.0]
+    assert np.flatnonzero(dataset.pairs[0]["mutable"]).tolist() == [0, 5, 97]
+    assert np.flatnonzero(dataset.pairs[1]["mutable"]).tolist() == [3, 4, 5, 10]
+    structures = dataset.structures
+    assert structures["design_chains"] == [["A"], ["B"], ["A"]]
+    assert structures["fixed_chains"] == [["B"], [], []]
+    assert structures["length"] == [196, 98, 98] and structures["num_designed"] == [98, 98, 98]
+    batch = collate([PreferenceDataset(dataset)[i] for i in range(4)])
+    assert batch["loss_mask"].sum(1).tolist() == [3, 4, 98, 98]
+    assert batch["decode_mask"][0, 98:].sum() == 0 and batch["mask"][0].sum() == 196
+    assert batch["weight"].tolist() == [2.5, 1.0, 1.0, 1.0]
+
+
+def test_relative_paths_resolve_against_the_data_files_folder(tmp_path, cache_dir, monkeypatch):
+    folder = tmp_path / "project" / "pairs"
+    folder.mkdir(parents=True)
+    shutil.copytree(STRUCTURES, tmp_path / "project" / "structures")
+    path = write_jsonl(folder / "train.jsonl", records()[:3])  # paths are ../structures/...
+    monkeypatch.chdir(tmp_path)
+    dataset = load_pairs(path, cache_dir=cache_dir)
+    assert dataset.structures["path"] == [str(tmp_path / "project" / "structures" / "1bvyF.pdb.gz")]
+
+
+def test_collate_pads_and_masks(cache_dir):
+    dataset = PreferenceDataset(load_pairs(SHARED_DATA / "val.jsonl", cache_dir=cache_dir))
+    examples = [dataset[0], dataset[30]]
+    lengths = [len(e["mask"]) for e in examples]
+    batch = collate(examples)
+    L = max(lengths)
+    assert batch["X"].shape == (2, L, 4, 3) and batch["chosen"].dtype == torch.long
+    short = int(np.argmin(lengths))
+    assert batch["mask"][short, lengths[short] :].sum() == 0
+    assert (batch["chosen"][short, lengths[short] :] == ALPHABET.index("X")).all()
+    assert torch.equal(
+        batch["chosen"][short, : lengths[short]], torch.as_tensor(examples[short]["chosen"]).long()
+    )
+    assert torch.equal(batch["loss_mask"], batch["mask"])  # single designed chains, all mutable, all observed
+
+
+def test_length_grouped_sampler_reduces_padding_and_is_reproducible(cache_dir):
+    dataset = PreferenceDataset(load_pairs(TRAIN, cache_dir=cache_dir))
+    sampler = LengthGroupedSampler(dataset.lengths, batch_size=8, seed=0)
+    order = list(sampler)
+    assert sorted(order) == list(range(len(dataset)))
+    assert list(sampler) == order
+    sampler.set_epoch(1)
+    assert list(sampler) != order
+
+    def padding(indices):
+        chunks = [dataset.lengths[indices[i : i + 8]] for i in range(0, len(indices), 8)]
+        return sum(int(c.max() * len(c) - c.sum()) for c in chunks)
+
+    random_order = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(0)).numpy()
+    assert padding(np.array(order)) < padding(random_order) / 2
+
+
+# ---- errors: one line each, naming the file, the record and what is wrong ----
+
+
+def bad(tmp_path, rows, cache_dir) -> str:
+    with pytest.raises(DataError) as err:
+        load_pairs(write_jsonl(tmp_path / "bad.jsonl", rows), cache_dir=cache_dir)
+    return str(err.value)
+
+
+def test_wrong_length_names_record_file_chains_and_lengths(tmp_path, cache_dir):
+    row = absolute(records()[:1])[0]
+    message = bad(tmp_path, [row, {**row, "unpreferred_seq": row["unpreferred_seq"][:-3]}], cache_dir)
+    assert message == (
+        f"{tmp_path / 'bad.jsonl'}:2: unpreferred_seq has length 149 but designed chains ['F'] of "
+        f"{row['pdb_file']} have 152 residues"
+    )
+
+
+def test_missing_file_unknown_chain_bad_letters_missing_field(tmp_path, cache_dir):
+    row = absolute(records()[:1])[0]
+    rows = [
+        {**row, "pdb_file": str(tmp_path / "absent.pdb")},
+        {**row, "chain_id": "Z"},
+        {**row, "preferred_seq": row["preferred_seq"][:-1] + "B"},
+        {**row, "preferred_seq": row["preferred_seq"].lower()},
+        {k: v for k, v in row.items() if k != "unpreferred_seq"},
+        {**row, "mutable_positions": [200]},
+    ]
+    lines = bad(tmp_path, rows, cache_dir).splitlines()
+    assert lines[0] == f"{tmp_path / 'bad.jsonl'}:1: structure file not found: {tmp_path / 'absent.pdb'}"
+    assert len(lines) == 1  # missing files are reported before any parsing
+    lines = bad(tmp_path, rows[1:], cache_dir).splitlines()
+    assert len(lines) == 5
+    assert (
+        lines[0] == f"{tmp_path / 'bad.jsonl'}:1: {row['pdb_file']}: chain 'Z' not found (chains present: F)"
+    )
+    assert lines[1].endswith(":2: preferred_seq has letters outside the 20 amino acids + X: 'B'")
+    assert ":3: preferred_seq has letters outside the 20 amino acids + X" in lines[2]
+    assert lines[3].endswith(":4: missing required field unpreferred_seq")
+    assert lines[4].endswith(":5: mutable position 200 outside the designed sequence (0..151)")
+
+
+def test_malformed_line_and_empty_dataset(tmp_path, cache_dir):
+    row = json.dumps(absolute(records()[:1])[0])
+    path = tmp_path / "broken.jsonl"
+    path.write_text(f'{row}\n\n{row}\n{{"pdb_file": \n')
+    with pytest.raises(DataError, match=r"broken\.jsonl:4: malformed JSON"):
+        load_pairs(path, cache_dir=cache_dir)
+    path.write_text(f"{row}\n[1, 2]\n")
+    with pytest.raises(DataError, match=r"broken\.jsonl:2: expected a JSON object, got list"):
+        load_pairs(path, cache_dir=cache_dir)
+    for name, text in (("empty.jsonl", ""), ("empty.json", "[]"), ("blank.jsonl", "\n\n")):
+        (tmp_path / name).write_text(text)
+        with pytest.raises(DataError, match=rf"{name}: empty dataset \(no records\)"):
+            load_pairs(tmp_path / name, cache_dir=cache_dir)
+    with pytest.raises(DataError, match=r"absent\.jsonl: data file not found"):
+        load_pairs(tmp_path / "absent.jsonl", cache_dir=cache_dir)
+
+
+def test_many_bad_records_are_reported_together_up_to_a_limit(tmp_path, cache_dir):
+    row = absolute(records()[:1])[0]
+    message = bad(tmp_path, [{**row, "preferred_seq": "ACD"}] * 25, cache_dir)
+    lines = message.splitlines()
+    assert len(lines) == 21 and lines[-1] == "... and 5 more bad records"
