@@ -400,6 +400,7 @@ def collate(examples: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
         "rejected": torch.full((B, L), ALPHABET.index("X"), dtype=torch.long),
         "weight": torch.tensor([float(e["weight"]) for e in examples]),
         "index": torch.tensor([e["index"] for e in examples], dtype=torch.long),
+        "length": torch.tensor([len(e["mask"]) for e in examples], dtype=torch.long),
     }
     for i, e in enumerate(examples):
         n, d = len(e["mask"]), len(e["chosen"])
