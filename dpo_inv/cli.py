@@ -1,0 +1,14 @@
+"""The `dpo-inv` command: `dpo-inv train ...` runs `python -m dpo_inv.run ...`."""
+
+from __future__ import annotations
+
+import sys
+
+COMMANDS = {"train": "dpo_inv.run"}
+
+
+def main() -> None:
+    if len(sys.argv) < 2 or sys.argv[1] not in COMMANDS:
+        sys.exit(f"usage: dpo-inv {{{','.join(COMMANDS)}}} [options]; see dpo-inv COMMAND --help")
+    module = __import__(COMMANDS[sys.argv[1]], fromlist=["main"])
+    module.main(sys.argv[2:])

@@ -1,0 +1,151 @@
+"""Training configuration: a typed dataclass parsed from YAML plus command-line overrides (TrlParser)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Literal
+
+from trl import TrlParser
+
+from dpo_inv.loss import LOSS_TYPES
+
+
+def _help(text: str, **kwargs) -> dict:
+    return {"metadata": {"help": text}, **kwargs}
+
+
+@dataclass
+class DPOConfig:
+    """Everything a DPO run needs. Names follow TRL's `DPOConfig` where TRL has the concept."""
+
+    # model
+    model_name_or_path: str = field(
+        default="vanilla/v_48_020",
+        **_help(
+            "Policy weights: an official name (vanilla/v_48_020, soluble/v_48_010, ca/v_48_020, ...), "
+            "an official .pt file, or a directory saved by dpo_inv."
+        ),
+    )
+    ref_model_name_or_path: str | None = field(
+        default=None, **_help("Reference model weights (same forms); default: the policy's starting weights.")
+    )
+    disable_dropout: bool = field(default=True, **_help("Disable dropout in the policy (TRL's default)."))
+    backbone_noise: float = field(
+        default=0.0, **_help("Gaussian noise (Å) added to backbone coordinates of the policy in training.")
+    )
+    # data
+    train_file: str = field(
+        default="data/pairs/train.jsonl", **_help("Preference pairs: JSON, JSONL, CSV or Parquet.")
+    )
+    eval_file: str | None = field(
+        default=None, **_help("Evaluation pairs; default: split eval_split off train.")
+    )
+    eval_split: float = field(
+        default=0.1,
+        **_help(
+            "Without eval_file: fraction of training structures (with all their pairs) held out; 0 = none."
+        ),
+    )
+    cache_dir: str | None = field(
+        default=None, **_help("Cache for parsed structures; default: the datasets cache (HF_DATASETS_CACHE).")
+    )
+    dataset_num_proc: int | None = field(default=None, **_help("Processes for parsing structures."))
+    dataloader_num_workers: int = field(default=0, **_help("DataLoader worker processes per rank."))
+    # DPO
+    beta: float = field(
+        default=0.1, **_help("DPO temperature: how far the policy may move from the reference.")
+    )
+    loss_type: list[str] = field(
+        default_factory=lambda: ["sigmoid"],
+        **_help(f"One or more of {', '.join(LOSS_TYPES)}; several are summed with loss_weights."),
+    )
+    loss_weights: list[float] | None = field(
+        default=None, **_help("Weights of the loss types; default: all 1.")
+    )
+    label_smoothing: float = field(
+        default=0.0, **_help("Probability that a label is flipped (conservative DPO; sigmoid, robust).")
+    )
+    rpo_alpha: float | None = field(
+        default=None, **_help("Weight of the per-residue NLL of the preferred sequence (RPO); None = off.")
+    )
+    reference_free: bool = field(default=False, **_help("Use no reference model (log p_ref = 0)."))
+    precompute_ref_log_probs: bool = field(
+        default=False,
+        **_help(
+            "Score every pair with the reference once before training (each pair then keeps its decoding "
+            "orders for all epochs), so training runs no reference forward."
+        ),
+    )
+    num_decoding_orders: int = field(
+        default=1,
+        **_help("Decoding orders per pair; log p is averaged over them (less variance, more compute)."),
+    )
+    decoding_order: Literal["random", "left_to_right"] = field(
+        default="random",
+        **_help(
+            "random (fixed positions first, then designed ones in a seeded random order) or left_to_right."
+        ),
+    )
+    # optimisation
+    learning_rate: float = field(default=5e-5, **_help("Peak learning rate (AdamW)."))
+    weight_decay: float = field(default=0.0, **_help("AdamW weight decay."))
+    lr_scheduler_type: str = field(
+        default="linear",
+        **_help("A transformers.get_scheduler name: linear, cosine, constant_with_warmup, ..."),
+    )
+    warmup_ratio: float = field(default=0.1, **_help("Warm-up as a fraction of the optimizer steps."))
+    warmup_steps: int = field(default=0, **_help("Warm-up steps; overrides warmup_ratio when > 0."))
+    per_device_train_batch_size: int = field(default=8, **_help("Pairs per device per micro-batch."))
+    per_device_eval_batch_size: int = field(default=16, **_help("Pairs per device per evaluation batch."))
+    gradient_accumulation_steps: int = field(default=1, **_help("Micro-batches per optimizer step."))
+    max_grad_norm: float = field(default=1.0, **_help("Gradient clipping norm; 0 = no clipping."))
+    num_train_epochs: float = field(default=3, **_help("Epochs, when max_steps is not set."))
+    max_steps: int = field(default=-1, **_help("Optimizer steps in total; > 0 overrides num_train_epochs."))
+    mixed_precision: Literal["no", "fp16", "bf16"] = field(
+        default="no", **_help("Accelerate autocast precision.")
+    )
+    seed: int = field(default=42, **_help("Seed for data order, decoding orders and the eval split."))
+    # logging and checkpoints
+    output_dir: str = field(
+        default="outputs/dpo", **_help("Where config, metrics, checkpoints and models go.")
+    )
+    logging_steps: int = field(default=10, **_help("Log training metrics every N optimizer steps."))
+    eval_steps: int | None = field(
+        default=None, **_help("Evaluate every N optimizer steps; default: each epoch.")
+    )
+    save_steps: int | None = field(
+        default=None, **_help("Checkpoint every N optimizer steps; default: each epoch.")
+    )
+    save_total_limit: int | None = field(
+        default=2, **_help("Keep only the newest N checkpoints; None = all.")
+    )
+    resume_from_checkpoint: str | None = field(
+        default=None, **_help("latest, or a checkpoint directory, to continue a run exactly.")
+    )
+    report_to: list[str] = field(
+        default_factory=lambda: ["none"],
+        **_help("Trackers: none, all, tensorboard, wandb, ... (Accelerate)."),
+    )
+    run_name: str = field(default="dpo_inv", **_help("Run name for trackers."))
+
+    def __post_init__(self) -> None:
+        bad = [t for t in self.loss_type if t not in LOSS_TYPES]
+        if bad:
+            raise ValueError(f"loss_type {bad} unknown; choose from {', '.join(LOSS_TYPES)}")
+        if self.loss_weights is not None and len(self.loss_weights) != len(self.loss_type):
+            raise ValueError("loss_weights needs one weight per loss_type")
+        if self.decoding_order not in ("random", "left_to_right"):
+            raise ValueError("decoding_order must be random or left_to_right")
+        if self.reference_free and self.precompute_ref_log_probs:
+            raise ValueError("reference_free and precompute_ref_log_probs exclude each other")
+        if "robust" in self.loss_type and not 0 <= self.label_smoothing < 0.5:
+            raise ValueError("robust loss needs 0 <= label_smoothing < 0.5")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def parse_config(args: list[str] | None = None) -> DPOConfig:
+    """`--config FILE.yaml` plus `--field value` overrides (command line wins)."""
+    (config,) = TrlParser(dataclass_types=[DPOConfig]).parse_args_and_config(args)
+    return config

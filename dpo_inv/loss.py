@@ -1,0 +1,110 @@
+"""DPO losses (TRL's formulas and names) and the log-probabilities of preference pairs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+LOSS_TYPES = ("sigmoid", "ipo", "hinge", "robust")
+
+
+@dataclass
+class PairLogps:
+    """Summed log p over the loss positions, averaged over decoding orders; `num_positions` per pair."""
+
+    chosen: torch.Tensor  # [B]
+    rejected: torch.Tensor  # [B]
+    num_positions: torch.Tensor  # [B]
+
+
+@dataclass
+class DPOOutput:
+    """Per-pair loss (before example weights) and the implicit rewards beta * (log p - log p_ref)."""
+
+    losses: torch.Tensor
+    chosen_rewards: torch.Tensor
+    rejected_rewards: torch.Tensor
+
+
+def pair_logps(model: torch.nn.Module, batch: dict[str, torch.Tensor], ranks: torch.Tensor) -> PairLogps:
+    """Score the preferred and dispreferred sequence of each pair under each decoding order.
+
+    `ranks` is [B, K, L] (K decoding orders); the structure is encoded once for all 2K sequences.
+    """
+    num_orders = ranks.shape[1]
+    sequences = torch.stack([batch["chosen"], batch["rejected"]], dim=1)  # [B, 2, L]
+    sequences = sequences.repeat_interleave(num_orders, dim=1)  # [B, 2K, L]: chosen x K, rejected x K
+    log_probs = model(
+        X=batch["X"],
+        S=sequences,
+        mask=batch["mask"],
+        residue_idx=batch["residue_idx"],
+        chain_encoding=batch["chain_encoding"],
+        ranks=ranks.repeat(1, 2, 1),
+    )  # [B, 2K, L, 21]
+    token = log_probs.float().gather(-1, sequences.unsqueeze(-1)).squeeze(-1)
+    summed = (token * batch["loss_mask"].unsqueeze(1)).sum(-1).view(-1, 2, num_orders).mean(-1)
+    return PairLogps(chosen=summed[:, 0], rejected=summed[:, 1], num_positions=batch["loss_mask"].sum(-1))
+
+
+def dpo_loss(
+    policy: PairLogps,
+    reference: PairLogps | None,
+    beta: float,
+    loss_type: str,
+    label_smoothing: float = 0.0,
+) -> DPOOutput:
+    """One DPO loss per pair. `reference=None` is the reference-free variant (log p_ref = 0).
+
+    `ipo` uses log-probabilities averaged over positions, as TRL does; the others use sums.
+    """
+    ref_chosen = reference.chosen if reference is not None else torch.zeros_like(policy.chosen)
+    ref_rejected = reference.rejected if reference is not None else torch.zeros_like(policy.rejected)
+    chosen_ratio = policy.chosen - ref_chosen
+    rejected_ratio = policy.rejected - ref_rejected
+    logits = chosen_ratio - rejected_ratio
+    if loss_type == "sigmoid":
+        losses = (
+            -F.logsigmoid(beta * logits) * (1 - label_smoothing)
+            - F.logsigmoid(-beta * logits) * label_smoothing
+        )
+    elif loss_type == "robust":
+        losses = (
+            -F.logsigmoid(beta * logits) * (1 - label_smoothing)
+            + F.logsigmoid(-beta * logits) * label_smoothing
+        ) / (1 - 2 * label_smoothing)
+    elif loss_type == "hinge":
+        losses = torch.relu(1 - beta * logits)
+    elif loss_type == "ipo":
+        losses = (logits / policy.num_positions.clamp(min=1) - 1 / (2 * beta)) ** 2
+    else:
+        raise ValueError(f"unknown loss_type {loss_type!r}; choose from {', '.join(LOSS_TYPES)}")
+    return DPOOutput(
+        losses=losses,
+        chosen_rewards=beta * chosen_ratio.detach(),
+        rejected_rewards=beta * rejected_ratio.detach(),
+    )
+
+
+def preference_loss(
+    policy: PairLogps,
+    reference: PairLogps | None,
+    weight: torch.Tensor,
+    beta: float,
+    loss_types: list[str],
+    loss_weights: list[float],
+    label_smoothing: float = 0.0,
+    rpo_alpha: float | None = None,
+) -> tuple[torch.Tensor, DPOOutput]:
+    """Per-pair weighted sum of the chosen DPO losses, plus `rpo_alpha` x the NLL of the preferred sequence
+    per position; each pair's total is scaled by its example `weight`. Returns (per-pair loss, rewards)."""
+    total = torch.zeros_like(policy.chosen)
+    output = None
+    for loss_type, loss_weight in zip(loss_types, loss_weights, strict=True):
+        output = dpo_loss(policy, reference, beta, loss_type, label_smoothing)
+        total = total + loss_weight * output.losses
+    if rpo_alpha is not None:
+        total = total + rpo_alpha * (-policy.chosen / policy.num_positions.clamp(min=1))
+    return total * weight, output

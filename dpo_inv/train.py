@@ -1,0 +1,366 @@
+"""The DPO training loop: one Accelerator, read top to bottom."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import datasets
+import numpy as np
+import torch
+import yaml
+from accelerate import Accelerator
+from accelerate.utils import set_seed
+from torch.utils.data import DataLoader
+from tqdm.auto import tqdm
+from transformers import get_scheduler
+
+from dpo_inv.config import DPOConfig
+from dpo_inv.data import LengthGroupedSampler, PairDataset, PreferenceDataset, collate, load_pairs
+from dpo_inv.loss import PairLogps, pair_logps, preference_loss
+from dpo_inv.model import ProteinMPNN, decoding_ranks, load_model
+
+METRICS = ("loss", "rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins",
+           "logps/chosen", "logps/rejected")  # fmt: skip
+STATE_FILE = "trainer_state.json"
+
+
+@dataclass
+class TrainerState:
+    """Where training stands; saved in every checkpoint beside Accelerate's state."""
+
+    global_step: int = 0
+    epoch: int = 0
+    batches_in_epoch: int = 0  # micro-batches of `epoch` already consumed
+    best_eval_loss: float = math.inf
+
+    def save(self, directory: Path) -> None:
+        (directory / STATE_FILE).write_text(json.dumps(self.__dict__, indent=2))
+
+    @classmethod
+    def load(cls, directory: Path) -> TrainerState:
+        return cls(**json.loads((directory / STATE_FILE).read_text()))
+
+
+def example_seeds(seed: int, indices: torch.Tensor, epoch: int) -> list[int]:
+    """A seed per example from (run seed, epoch, example index): orders do not depend on batching or rank."""
+    return [int(np.random.SeedSequence([seed, epoch, int(i)]).generate_state(1)[0]) for i in indices.tolist()]
+
+
+def batch_ranks(config: DPOConfig, batch: dict[str, torch.Tensor], epoch: int) -> torch.Tensor:
+    seeds = (
+        None
+        if config.decoding_order == "left_to_right"
+        else example_seeds(config.seed, batch["index"], epoch)
+    )
+    return decoding_ranks(
+        batch["decode_mask"], batch["mask"], seeds, config.num_decoding_orders, batch["length"].tolist()
+    )
+
+
+def split_by_structure(data: PairDataset, fraction: float, seed: int) -> tuple[PairDataset, PairDataset]:
+    """Hold out a seeded fraction of the structures with all their pairs (no structure in both splits)."""
+    structure_ids = np.asarray(data.pairs["structure_id"])
+    unique = np.unique(structure_ids)
+    num_eval = max(1, round(fraction * len(unique)))
+    if num_eval >= len(unique):
+        raise ValueError(f"eval_split={fraction} leaves no training structure out of {len(unique)}")
+    held_out = np.random.default_rng(seed).choice(unique, size=num_eval, replace=False)
+    is_eval = np.isin(structure_ids, held_out)
+    train = PairDataset(data.pairs.select(np.flatnonzero(~is_eval)), data.structures, data.source)
+    evaluation = PairDataset(data.pairs.select(np.flatnonzero(is_eval)), data.structures, data.source)
+    return train, evaluation
+
+
+@torch.no_grad()
+def precompute_reference(
+    accelerator: Accelerator, reference: ProteinMPNN, data: PairDataset, config: DPOConfig
+) -> PairDataset:
+    """Score every pair with the reference once (sharded over ranks, gathered) and store the log-probs."""
+    loader = accelerator.prepare(
+        DataLoader(PreferenceDataset(data), batch_size=config.per_device_eval_batch_size, collate_fn=collate)
+    )
+    chosen, rejected = [], []
+    for batch in tqdm(loader, desc="Reference log-probs", disable=not accelerator.is_main_process):
+        logps = pair_logps(reference, batch, batch_ranks(config, batch, epoch=0))
+        gathered = accelerator.gather_for_metrics(torch.stack([logps.chosen, logps.rejected], dim=-1))
+        chosen.append(gathered[:, 0].cpu())
+        rejected.append(gathered[:, 1].cpu())
+    pairs = data.pairs.add_column("ref_chosen_logps", torch.cat(chosen).tolist())
+    pairs = pairs.add_column("ref_rejected_logps", torch.cat(rejected).tolist())
+    return PairDataset(pairs, data.structures, data.source)
+
+
+def reference_logps(
+    config: DPOConfig, reference: ProteinMPNN | None, batch: dict[str, torch.Tensor], ranks: torch.Tensor
+) -> PairLogps | None:
+    if config.reference_free:
+        return None
+    if config.precompute_ref_log_probs:
+        return PairLogps(batch["ref_chosen_logps"], batch["ref_rejected_logps"], batch["loss_mask"].sum(-1))
+    with torch.no_grad():
+        return pair_logps(reference, batch, ranks)
+
+
+def step_metrics(config, model, reference, batch, epoch) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mean loss of a batch (what is back-propagated) and per-pair metrics [B, len(METRICS)]."""
+    ranks = batch_ranks(config, batch, epoch)
+    policy = pair_logps(model, batch, ranks)
+    losses, out = preference_loss(
+        policy,
+        reference_logps(config, reference, batch, ranks),
+        batch["weight"],
+        beta=config.beta,
+        loss_types=config.loss_type,
+        loss_weights=config.loss_weights or [1.0] * len(config.loss_type),
+        label_smoothing=config.label_smoothing,
+        rpo_alpha=config.rpo_alpha,
+    )
+    per_pair = torch.stack(
+        [
+            losses.detach(),
+            out.chosen_rewards,
+            out.rejected_rewards,
+            (out.chosen_rewards > out.rejected_rewards).float(),
+            out.chosen_rewards - out.rejected_rewards,
+            policy.chosen.detach(),
+            policy.rejected.detach(),
+        ],
+        dim=-1,
+    )
+    return losses.mean(), per_pair
+
+
+@torch.no_grad()
+def evaluate(accelerator, config, model, reference, loader) -> dict[str, float]:
+    """Metrics over the whole eval set, every pair counted once across ranks."""
+    model.eval()
+    totals, count = torch.zeros(len(METRICS), dtype=torch.float64), 0
+    for batch in loader:
+        _, per_pair = step_metrics(config, model, reference, batch, epoch=0)
+        gathered = accelerator.gather_for_metrics(per_pair).double().cpu()
+        totals += gathered.sum(0)
+        count += len(gathered)
+    model.train()
+    return {f"eval_{name}": float(value) for name, value in zip(METRICS, totals / count, strict=True)}
+
+
+def find_checkpoint(output_dir: Path, resume_from_checkpoint: str) -> Path:
+    if resume_from_checkpoint != "latest":
+        path = Path(resume_from_checkpoint)
+        if not (path / STATE_FILE).is_file():
+            raise FileNotFoundError(f"{path}: not a dpo_inv checkpoint (no {STATE_FILE})")
+        return path
+    checkpoints = sorted_checkpoints(output_dir)
+    if not checkpoints:
+        raise FileNotFoundError(
+            f"resume_from_checkpoint=latest: no checkpoint in {output_dir / 'checkpoints'}"
+        )
+    return checkpoints[-1]
+
+
+def sorted_checkpoints(output_dir: Path) -> list[Path]:
+    """Complete checkpoints (those with a trainer state) by step, oldest first."""
+    found = [p for p in (output_dir / "checkpoints").glob("step-*") if (p / STATE_FILE).is_file()]
+    return sorted(found, key=lambda p: int(p.name.split("-")[1]))
+
+
+def save_checkpoint(accelerator: Accelerator, config: DPOConfig, state: TrainerState) -> None:
+    output_dir = Path(config.output_dir)
+    directory = output_dir / "checkpoints" / f"step-{state.global_step}"
+    accelerator.save_state(str(directory))
+    if accelerator.is_main_process:
+        state.save(directory)
+        if config.save_total_limit is not None:
+            for old in sorted_checkpoints(output_dir)[: -config.save_total_limit]:
+                shutil.rmtree(old)
+    accelerator.wait_for_everyone()
+
+
+def save_model(accelerator: Accelerator, model: torch.nn.Module, directory: Path) -> None:
+    accelerator.unwrap_model(model).save_pretrained(
+        directory, is_main_process=accelerator.is_main_process, save_function=accelerator.save
+    )
+    accelerator.wait_for_everyone()
+
+
+def log(accelerator: Accelerator, output_dir: Path, metrics: dict[str, float], step: int) -> None:
+    """Rank 0 appends one JSON object to metrics.jsonl and forwards it to the trackers."""
+    if accelerator.is_main_process:
+        with open(output_dir / "metrics.jsonl", "a") as handle:
+            handle.write(json.dumps({"step": step, **metrics}) + "\n")
+    accelerator.log(metrics, step=step)
+
+
+def train(config: DPOConfig) -> dict[str, float]:
+    """Run DPO; returns the final eval metrics (empty without an eval set)."""
+    output_dir = Path(config.output_dir)
+    accelerator = Accelerator(
+        gradient_accumulation_steps=config.gradient_accumulation_steps,
+        mixed_precision=config.mixed_precision,
+        log_with=None if config.report_to == ["none"] else config.report_to,
+        project_dir=str(output_dir),
+    )
+    set_seed(config.seed)
+    if not accelerator.is_main_process:
+        datasets.disable_progress_bars()
+
+    # data: parsed once by rank 0, read from the Arrow cache by the others
+    with accelerator.main_process_first():
+        train_data = load_pairs(config.train_file, config.cache_dir, config.dataset_num_proc)
+        if config.eval_file:
+            eval_data = load_pairs(config.eval_file, config.cache_dir, config.dataset_num_proc)
+        elif config.eval_split > 0:
+            train_data, eval_data = split_by_structure(train_data, config.eval_split, config.seed)
+        else:
+            eval_data = None
+
+    # models: the reference is frozen, in eval mode, never wrapped for DDP
+    overrides = {"augment_eps": config.backbone_noise, **({"dropout": 0.0} if config.disable_dropout else {})}
+    model = load_model(config.model_name_or_path, **overrides)
+    reference = None
+    if not config.reference_free:
+        reference = load_model(config.ref_model_name_or_path or config.model_name_or_path, augment_eps=0.0)
+        reference.to(accelerator.device).eval().requires_grad_(False)
+    if config.precompute_ref_log_probs:
+        train_data = precompute_reference(accelerator, reference, train_data, config)
+        if eval_data is not None:
+            eval_data = precompute_reference(accelerator, reference, eval_data, config)
+        reference = None
+
+    train_set = PreferenceDataset(train_data)
+    global_batch = config.per_device_train_batch_size * accelerator.num_processes
+    sampler = LengthGroupedSampler(train_set.lengths, global_batch, config.seed)
+    loader_options = {
+        "collate_fn": collate,
+        "num_workers": config.dataloader_num_workers,
+        "pin_memory": accelerator.device.type == "cuda",
+    }
+    train_loader = DataLoader(
+        train_set, batch_size=config.per_device_train_batch_size, sampler=sampler, **loader_options
+    )
+    eval_loader = None
+    if eval_data is not None:
+        eval_loader = DataLoader(
+            PreferenceDataset(eval_data), batch_size=config.per_device_eval_batch_size, **loader_options
+        )
+    optimizer = torch.optim.AdamW(
+        model.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay
+    )
+    model, optimizer, train_loader, eval_loader = accelerator.prepare(
+        model, optimizer, train_loader, eval_loader
+    )
+
+    steps_per_epoch = math.ceil(len(train_loader) / config.gradient_accumulation_steps)
+    total_steps = (
+        config.max_steps if config.max_steps > 0 else math.ceil(config.num_train_epochs * steps_per_epoch)
+    )
+    num_epochs = math.ceil(total_steps / steps_per_epoch)
+    scheduler = get_scheduler(
+        config.lr_scheduler_type,
+        optimizer,
+        num_warmup_steps=config.warmup_steps or math.ceil(config.warmup_ratio * total_steps),
+        num_training_steps=total_steps,
+    )
+    accelerator.register_for_checkpointing(scheduler)
+    eval_every = config.eval_steps or steps_per_epoch
+    save_every = config.save_steps or steps_per_epoch
+
+    state = TrainerState()
+    if config.resume_from_checkpoint:
+        checkpoint = find_checkpoint(output_dir, config.resume_from_checkpoint)
+        accelerator.load_state(str(checkpoint))
+        state = TrainerState.load(checkpoint)
+        accelerator.print(f"Resumed from {checkpoint} at step {state.global_step}")
+    if accelerator.is_main_process:
+        output_dir.mkdir(parents=True, exist_ok=True)
+        (output_dir / "config.yaml").write_text(yaml.safe_dump(config.to_dict(), sort_keys=False))
+    accelerator.init_trackers(config.run_name, config=config.to_dict())
+    accelerator.print(
+        f"{len(train_set)} training pairs, {0 if eval_data is None else len(eval_data.pairs)} eval pairs; "
+        f"{accelerator.num_processes} process(es) on {accelerator.device}, global batch "
+        f"{global_batch * config.gradient_accumulation_steps}; {total_steps} optimizer steps"
+    )
+
+    model.train()
+    progress = tqdm(
+        total=total_steps, initial=state.global_step, disable=not accelerator.is_main_process, desc="DPO"
+    )
+    totals, count, grad_norm = torch.zeros(len(METRICS), dtype=torch.float64), 0, torch.tensor(0.0)
+    last_log = time.perf_counter()
+    eval_metrics: dict[str, float] = {}
+    for epoch in range(state.epoch, num_epochs):
+        train_loader.set_epoch(epoch)
+        loader = train_loader
+        if epoch == state.epoch and state.batches_in_epoch:
+            loader = accelerator.skip_first_batches(train_loader, state.batches_in_epoch)
+        else:
+            state.batches_in_epoch = 0
+        state.epoch = epoch
+        for batch in loader:
+            with accelerator.accumulate(model):
+                loss, per_pair = step_metrics(config, model, reference, batch, epoch)
+                accelerator.backward(loss)
+                if accelerator.sync_gradients and config.max_grad_norm > 0:
+                    grad_norm = accelerator.clip_grad_norm_(model.parameters(), config.max_grad_norm)
+                optimizer.step()
+                if accelerator.sync_gradients and not accelerator.optimizer_step_was_skipped:
+                    scheduler.step()
+                optimizer.zero_grad()
+            gathered = accelerator.gather_for_metrics(per_pair).double().cpu()
+            totals += gathered.sum(0)
+            count += len(gathered)
+            state.batches_in_epoch += 1
+            if not accelerator.sync_gradients:
+                continue
+
+            state.global_step += 1
+            progress.update(1)
+            progress.set_postfix(loss=f"{totals[0] / count:.4f}")
+            if state.global_step % config.logging_steps == 0 or state.global_step == total_steps:
+                now = time.perf_counter()
+                metrics = dict(zip(METRICS, (totals / count).tolist(), strict=True))
+                metrics.update(
+                    grad_norm=float(grad_norm),
+                    learning_rate=scheduler.get_last_lr()[0],
+                    epoch=epoch + state.batches_in_epoch / len(train_loader),
+                    pairs_per_second=count / (now - last_log),
+                )
+                log(accelerator, output_dir, metrics, state.global_step)
+                totals, count, last_log = totals.zero_(), 0, now
+            if eval_loader is not None and (
+                state.global_step % eval_every == 0 or state.global_step == total_steps
+            ):
+                eval_metrics = evaluate(accelerator, config, model, reference, eval_loader)
+                log(accelerator, output_dir, eval_metrics, state.global_step)
+                if accelerator.is_main_process:
+                    progress.write(
+                        f"step {state.global_step}: eval loss {eval_metrics['eval_loss']:.4f}, "
+                        f"reward accuracy {eval_metrics['eval_rewards/accuracies']:.3f}, "
+                        f"margin {eval_metrics['eval_rewards/margins']:.3f}"
+                    )
+                if eval_metrics["eval_loss"] < state.best_eval_loss:
+                    state.best_eval_loss = eval_metrics["eval_loss"]
+                    save_model(accelerator, model, output_dir / "best")
+            if state.global_step % save_every == 0 or state.global_step == total_steps:
+                save_checkpoint(accelerator, config, state)
+            if state.global_step >= total_steps:
+                break
+        if state.global_step >= total_steps:
+            break
+    progress.close()
+
+    save_model(accelerator, model, output_dir / "final")
+    if eval_metrics:
+        accelerator.print(
+            f"Done: eval loss {eval_metrics['eval_loss']:.4f}, reward accuracy "
+            f"{eval_metrics['eval_rewards/accuracies']:.3f}; model saved to {output_dir / 'final'}"
+        )
+    else:
+        accelerator.print(f"Done: model saved to {output_dir / 'final'}")
+    accelerator.end_training()
+    return eval_metrics

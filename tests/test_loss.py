@@ -1,0 +1,94 @@
+"""DPO loss formulas against hand-computed values, and pair log-probabilities against the model."""
+
+import math
+
+import pytest
+import torch
+from conftest import SHARED_DATA
+
+from dpo_inv.data import PreferenceDataset, collate, load_pairs
+from dpo_inv.loss import PairLogps, dpo_loss, pair_logps, preference_loss
+from dpo_inv.model import decoding_ranks, load_model, sequence_log_probs
+
+# policy prefers the chosen sequence by 2 nats more than the reference does
+POLICY = PairLogps(torch.tensor([-10.0]), torch.tensor([-12.0]), torch.tensor([4.0]))
+REFERENCE = PairLogps(torch.tensor([-11.0]), torch.tensor([-11.0]), torch.tensor([4.0]))
+BETA = 0.1
+
+
+def softplus(x: float) -> float:
+    return math.log1p(math.exp(x))
+
+
+@pytest.mark.parametrize(
+    "loss_type, label_smoothing, expected",
+    [
+        ("sigmoid", 0.0, softplus(-0.2)),
+        ("sigmoid", 0.1, 0.9 * softplus(-0.2) + 0.1 * softplus(0.2)),
+        ("robust", 0.1, (0.9 * softplus(-0.2) - 0.1 * softplus(0.2)) / 0.8),
+        ("hinge", 0.0, 1 - 0.2),
+        ("ipo", 0.0, (2 / 4 - 1 / (2 * BETA)) ** 2),
+    ],
+)
+def test_loss_formulas(loss_type, label_smoothing, expected):
+    out = dpo_loss(POLICY, REFERENCE, BETA, loss_type, label_smoothing)
+    assert out.losses.item() == pytest.approx(expected, rel=1e-6)
+    assert out.chosen_rewards.item() == pytest.approx(0.1)
+    assert out.rejected_rewards.item() == pytest.approx(-0.1)
+
+
+def test_reference_free_uses_zero_reference():
+    out = dpo_loss(POLICY, None, BETA, "sigmoid")
+    assert out.losses.item() == pytest.approx(softplus(-0.2))
+    assert out.chosen_rewards.item() == pytest.approx(-1.0)
+    assert out.rejected_rewards.item() == pytest.approx(-1.2)
+
+
+def test_combined_losses_rpo_and_example_weight():
+    total, _ = preference_loss(
+        POLICY,
+        REFERENCE,
+        weight=torch.tensor([2.0]),
+        beta=BETA,
+        loss_types=["sigmoid", "hinge"],
+        loss_weights=[1.0, 0.5],
+        rpo_alpha=0.5,
+    )
+    assert total.item() == pytest.approx(2.0 * (softplus(-0.2) + 0.5 * 0.8 + 0.5 * 10 / 4))
+
+
+def test_unknown_loss_type():
+    with pytest.raises(ValueError, match="unknown loss_type 'kto'"):
+        dpo_loss(POLICY, REFERENCE, BETA, "kto")
+
+
+def test_pair_logps_sum_loss_positions_and_average_orders():
+    data = load_pairs(SHARED_DATA / "multichain.jsonl")
+    batch = collate([PreferenceDataset(data)[i] for i in (0, 1)])  # 1hvr (A designed, B fixed), 1BD2 peptide
+    batch["loss_mask"][0, 10:20] = 0  # as if only some positions were mutable
+    model = load_model("vanilla/v_48_020")
+    ranks = decoding_ranks(batch["decode_mask"], batch["mask"], [1, 2], num_orders=2)
+    with torch.no_grad():
+        logps = pair_logps(model, batch, ranks)
+        for name, value in (("chosen", logps.chosen), ("rejected", logps.rejected)):
+            expected = torch.stack(
+                [
+                    (
+                        sequence_log_probs(
+                            model(
+                                batch["X"],
+                                batch[name],
+                                batch["mask"],
+                                batch["residue_idx"],
+                                batch["chain_encoding"],
+                                ranks[:, k],
+                            ),
+                            batch[name],
+                        )
+                        * batch["loss_mask"]
+                    ).sum(-1)
+                    for k in range(2)
+                ]
+            ).mean(0)
+            torch.testing.assert_close(value, expected, atol=1e-4, rtol=1e-5)
+    assert logps.num_positions.tolist() == [88.0, 9.0]
