@@ -21,6 +21,7 @@ from transformers import get_scheduler
 
 from dpo_inv.config import DPOConfig
 from dpo_inv.data import LengthGroupedSampler, PairDataset, PreferenceDataset, collate, load_pairs
+from dpo_inv.launch import use_cpu
 from dpo_inv.loss import PairLogps, pair_logps, preference_loss
 from dpo_inv.model import ProteinMPNN, decoding_ranks, load_model
 
@@ -200,6 +201,7 @@ def train(config: DPOConfig) -> dict[str, float]:
     """Run DPO; returns the final eval metrics (empty without an eval set)."""
     output_dir = Path(config.output_dir)
     accelerator = Accelerator(
+        cpu=use_cpu(),
         gradient_accumulation_steps=config.gradient_accumulation_steps,
         mixed_precision=config.mixed_precision,
         log_with=None if config.report_to == ["none"] else config.report_to,
