@@ -12,3 +12,7 @@ def main() -> None:
         sys.exit(f"usage: dpo-inv {{{','.join(COMMANDS)}}} [options]; see dpo-inv COMMAND --help")
     module = __import__(COMMANDS[sys.argv[1]], fromlist=["main"])
     module.main(sys.argv[2:])
+
+
+if __name__ == "__main__":
+    main()

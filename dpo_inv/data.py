@@ -379,6 +379,7 @@ class PreferenceDataset(TorchDataset):
 
 
 BATCH_STRUCTURE_KEYS = ("X", "mask", "residue_idx", "chain_encoding", "design_mask", "native")
+REFERENCE_COLUMNS = ("ref_chosen_logps", "ref_rejected_logps")  # with precompute_ref_log_probs
 
 
 def collate(examples: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
@@ -402,6 +403,9 @@ def collate(examples: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
         "index": torch.tensor([e["index"] for e in examples], dtype=torch.long),
         "length": torch.tensor([len(e["mask"]) for e in examples], dtype=torch.long),
     }
+    for name in REFERENCE_COLUMNS:
+        if name in examples[0]:
+            batch[name] = torch.tensor([float(e[name]) for e in examples])
     for i, e in enumerate(examples):
         n, d = len(e["mask"]), len(e["chosen"])
         mask = torch.from_numpy(np.asarray(e["mask"], dtype=np.float32))

@@ -20,7 +20,14 @@ from tqdm.auto import tqdm
 from transformers import get_scheduler
 
 from dpo_inv.config import DPOConfig
-from dpo_inv.data import LengthGroupedSampler, PairDataset, PreferenceDataset, collate, load_pairs
+from dpo_inv.data import (
+    REFERENCE_COLUMNS,
+    LengthGroupedSampler,
+    PairDataset,
+    PreferenceDataset,
+    collate,
+    load_pairs,
+)
 from dpo_inv.launch import use_cpu
 from dpo_inv.loss import PairLogps, pair_logps, preference_loss
 from dpo_inv.model import ProteinMPNN, decoding_ranks, load_model
@@ -91,8 +98,9 @@ def precompute_reference(
         gathered = accelerator.gather_for_metrics(torch.stack([logps.chosen, logps.rejected], dim=-1))
         chosen.append(gathered[:, 0].cpu())
         rejected.append(gathered[:, 1].cpu())
-    pairs = data.pairs.add_column("ref_chosen_logps", torch.cat(chosen).tolist())
-    pairs = pairs.add_column("ref_rejected_logps", torch.cat(rejected).tolist())
+    pairs = data.pairs
+    for name, values in zip(REFERENCE_COLUMNS, (chosen, rejected), strict=True):
+        pairs = pairs.add_column(name, torch.cat(values).tolist())
     return PairDataset(pairs, data.structures, data.source)
 
 

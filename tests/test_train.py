@@ -121,3 +121,17 @@ def test_training_learns_the_preference(tmp_path):
     assert final["eval_rewards/accuracies"] >= base_accuracy + 0.15, (base_accuracy, final)
     assert (output / "best" / "model.safetensors").is_file()
     assert (output / "final" / "model.safetensors").is_file()
+
+
+def test_precomputed_reference_log_probs_give_the_same_training(tmp_path):
+    data = small_pairs(tmp_path)
+    args = ("--train_file", str(data), "--eval_file", str(data), "--per_device_train_batch_size", "4",
+            "--max_steps", "2", "--logging_steps", "1", "--eval_steps", "2", "--num_decoding_orders", "2")  # fmt: skip
+    run(tmp_path, *args, "--output_dir", str(tmp_path / "plain"))
+    run(tmp_path, *args, "--output_dir", str(tmp_path / "pre"), "--precompute_ref_log_probs")
+    plain, pre = metrics(tmp_path / "plain"), metrics(tmp_path / "pre")
+    assert len(plain) == len(pre) == 3
+    for a, b in zip(plain, pre, strict=True):
+        for key in a:
+            if key != "pairs_per_second":
+                assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-6), key

@@ -1,0 +1,55 @@
+"""Configuration: YAML plus command-line overrides, validation, --help, the dpo-inv command."""
+
+import subprocess
+import sys
+
+import pytest
+import yaml
+from conftest import ROOT
+
+from dpo_inv.config import DPOConfig, parse_config
+
+
+def test_yaml_then_command_line(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump({"beta": 0.2, "loss_type": ["sigmoid", "hinge"], "loss_weights": [1, 0.5]}))
+    config = parse_config(["--config", str(path), "--beta", "0.3", "--max_steps", "7", "--reference_free"])
+    assert (config.beta, config.max_steps, config.reference_free) == (0.3, 7, True)
+    assert config.loss_type == ["sigmoid", "hinge"] and config.loss_weights == [1.0, 0.5]
+
+
+def test_example_configs_parse():
+    for name in ("example", "quick_test"):
+        config = parse_config(["--config", str(ROOT / "configs" / f"{name}.yaml")])
+        assert (ROOT / config.train_file).is_file()
+
+
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        ({"loss_type": ["kto"]}, "loss_type"),
+        ({"loss_type": ["sigmoid", "ipo"], "loss_weights": [1.0]}, "one weight per loss_type"),
+        ({"reference_free": True, "precompute_ref_log_probs": True}, "exclude each other"),
+        ({"loss_type": ["robust"], "label_smoothing": 0.5}, "label_smoothing"),
+    ],
+)
+def test_invalid_combinations(fields, message):
+    with pytest.raises(ValueError, match=message):
+        DPOConfig(**fields)
+
+
+def test_help_lists_every_field_with_its_default():
+    result = subprocess.run([sys.executable, "-m", "dpo_inv.run", "--help"], capture_output=True, text=True)
+    assert result.returncode == 0
+    for name in DPOConfig.__dataclass_fields__:
+        assert f"--{name}" in result.stdout
+    assert "(default: 0.1)" in result.stdout
+
+
+def test_dpo_inv_command():
+    dpo_inv = ROOT / ".venv" / "bin" / "dpo-inv"
+    command = [str(dpo_inv)] if dpo_inv.exists() else [sys.executable, "-m", "dpo_inv.cli"]
+    result = subprocess.run([*command, "train", "--help"], capture_output=True, text=True)
+    assert result.returncode == 0 and "--model_name_or_path" in result.stdout
+    result = subprocess.run([*command, "fly"], capture_output=True, text=True)
+    assert result.returncode != 0 and "usage: dpo-inv" in result.stderr
