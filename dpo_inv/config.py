@@ -127,6 +127,19 @@ class DPOConfig:
         **_help("Trackers: none, all, tensorboard, wandb, ... (Accelerate)."),
     )
     run_name: str = field(default="dpo_inv", **_help("Run name for trackers."))
+    log_data_order: bool = field(
+        default=False,
+        **_help("Write the pair indices each rank trained on, per micro-batch, to data_order.jsonl."),
+    )
+    # distributed
+    backend: str | None = field(
+        default=None,
+        **_help("Process-group backend; default by device: nccl (CUDA), xccl or ccl (XPU), gloo."),
+    )
+    ddp_timeout: int = field(
+        default=1800,
+        **_help("Seconds a rank waits to join the process group, or in a collective, before failing."),
+    )
 
     def __post_init__(self) -> None:
         bad = [t for t in self.loss_type if t not in LOSS_TYPES]

@@ -1,18 +1,111 @@
-"""The launch environment, read before the Accelerator is built."""
+"""The launch environment, settled before the Accelerator is built.
+
+torchrun and `accelerate launch` export RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT.
+mpiexec/mpirun (MPICH and PALS on Aurora, Open MPI, MVAPICH) and SLURM's srun export their own variables;
+they are mapped to torch.distributed's here. Variables already set always win.
+"""
 
 from __future__ import annotations
 
+import importlib
 import os
+import re
+from collections.abc import MutableMapping
+from dataclasses import dataclass
 
 import torch
-from accelerate.utils import is_xpu_available
+
+# (rank, world size, local rank candidates) per launcher, in order of precedence
+LAUNCHERS = {
+    "mpich": ("PMI_RANK", "PMI_SIZE", ("PALS_LOCAL_RANKID", "PMI_LOCAL_RANK", "MPI_LOCALRANKID")),
+    "openmpi": ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", ("OMPI_COMM_WORLD_LOCAL_RANK",)),
+    "mvapich": ("MV2_COMM_WORLD_RANK", "MV2_COMM_WORLD_SIZE", ("MV2_COMM_WORLD_LOCAL_RANK",)),
+    "slurm": ("SLURM_PROCID", "SLURM_NTASKS", ("SLURM_LOCALID",)),
+}
+DEFAULT_PORT = "29500"
 
 
-def world_size() -> int:
-    return int(os.environ.get("WORLD_SIZE", "1"))
+@dataclass(frozen=True)
+class LaunchInfo:
+    launcher: str  # torchrun (also accelerate launch), mpich, openmpi, mvapich, slurm or none
+    rank: int
+    world_size: int
+    local_rank: int
+    master_addr: str
+    master_port: str
 
 
-def use_cpu() -> bool:
-    """Several processes on a machine without CUDA or XPU devices: Accelerate must be told to use the CPU
-    (gloo); otherwise every process would train alone."""
-    return world_size() > 1 and not torch.cuda.is_available() and not is_xpu_available()
+def first_slurm_host(nodelist: str) -> str:
+    """First host of a SLURM node list such as 'x1001c0s[1-3,7]b0n0,gpu07' (no scontrol needed)."""
+    match = re.match(r"([^,\[]+)(?:\[([^\]]+)\])?([^,]*)", nodelist)
+    if match is None:
+        return nodelist
+    prefix, ranges, suffix = match.groups()
+    if ranges is None:
+        return prefix
+    return prefix + ranges.split(",")[0].split("-")[0] + suffix
+
+
+def master_address(env: MutableMapping[str, str]) -> str:
+    """The first host of the PBS node file or the SLURM node list, else this machine."""
+    nodefile = env.get("PBS_NODEFILE")
+    if nodefile and os.path.isfile(nodefile):
+        with open(nodefile) as handle:
+            for line in handle:
+                if line.strip():
+                    return line.strip()
+    nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
+    if nodelist:
+        return first_slurm_host(nodelist)
+    return "127.0.0.1"
+
+
+def setup_environment(env: MutableMapping[str, str] | None = None) -> LaunchInfo:
+    """Export RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT from the launcher's
+    variables where they are not set already; returns what was found."""
+    env = os.environ if env is None else env
+    launcher = "none"
+    if "RANK" in env and "WORLD_SIZE" in env:
+        launcher = "torchrun"
+    else:
+        for name, (rank, size, locals_) in LAUNCHERS.items():
+            if rank in env and size in env:
+                launcher = name
+                env.setdefault("RANK", env[rank])
+                env.setdefault("WORLD_SIZE", env[size])
+                local = next((env[v] for v in locals_ if v in env), None)
+                if local is not None:
+                    env.setdefault("LOCAL_RANK", local)
+                break
+    if launcher != "none":
+        env.setdefault("LOCAL_RANK", env["RANK"])  # one process per node when nothing says otherwise
+        env.setdefault("MASTER_ADDR", master_address(env))
+        env.setdefault("MASTER_PORT", DEFAULT_PORT)
+    return LaunchInfo(
+        launcher=launcher,
+        rank=int(env.get("RANK", 0)),
+        world_size=int(env.get("WORLD_SIZE", 1)),
+        local_rank=int(env.get("LOCAL_RANK", 0)),
+        master_addr=env.get("MASTER_ADDR", "127.0.0.1"),
+        master_port=env.get("MASTER_PORT", DEFAULT_PORT),
+    )
+
+
+def device_backend(requested: str | None = None) -> tuple[str, str | None]:
+    """(device type, process-group backend): cuda → nccl, Intel XPU → xccl when torch has it natively,
+    else ccl from the `[xpu]` extra, cpu → gloo. `requested` overrides the backend."""
+    if torch.cuda.is_available():
+        return "cuda", requested or "nccl"
+    if hasattr(torch, "xpu") and torch.xpu.is_available():
+        if requested or torch.distributed.is_backend_available("xccl"):
+            return "xpu", requested or "xccl"
+        for module in ("intel_extension_for_pytorch", "oneccl_bindings_for_pytorch"):
+            try:
+                importlib.import_module(module)
+            except ImportError as err:
+                raise ImportError(
+                    f"this torch has no native xccl backend and {module} is missing: install the [xpu] extra "
+                    "(intel-extension-for-pytorch, oneccl_bind_pt) or a torch with xccl"
+                ) from err
+        return "xpu", "ccl"
+    return "cpu", requested or "gloo"

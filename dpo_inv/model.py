@@ -6,7 +6,6 @@ several sequences and decoding orders. Numerics follow the reference ``protein_m
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.util
 import inspect
 import os
@@ -75,12 +74,6 @@ class Encoding:
     E_idx: Tensor  # [B, L, K]
     mask: Tensor  # [B, L]
 
-    def repeat(self, n: int) -> Encoding:
-        """Repeat every batch row ``n`` times: row ``b`` becomes rows ``b*n .. b*n+n-1``."""
-        return Encoding(
-            *(getattr(self, f.name).repeat_interleave(n, dim=0) for f in dataclasses.fields(self))
-        )
-
 
 def gather_nodes(nodes: Tensor, E_idx: Tensor) -> Tensor:
     """Node features ``[B, L, C]`` at neighbour indices ``[B, L, K]`` -> ``[B, L, K, C]``."""
@@ -95,8 +88,14 @@ def gather_neighbors(values: Tensor, E_idx: Tensor) -> Tensor:
 
 
 def causal_neighbor_mask(ranks: Tensor, E_idx: Tensor) -> Tensor:
-    """Autoregressive mask ``[B, L, K]``: neighbour ``j`` of ``i`` is visible iff ``rank[j] < rank[i]``."""
-    return gather_neighbors(ranks, E_idx) < ranks.unsqueeze(-1)
+    """Autoregressive mask: neighbour ``j`` of ``i`` is visible iff ``rank[j] < rank[i]``.
+
+    ``ranks [B, L]`` gives ``[B, L, K]``; ``ranks [B, N, L]`` (N decoding orders) gives ``[B, L, K, N]``.
+    """
+    if ranks.dim() == 2:
+        return causal_neighbor_mask(ranks.unsqueeze(1), E_idx).squeeze(-1)
+    ranks = ranks.transpose(1, 2)
+    return gather_nodes(ranks, E_idx) < ranks.unsqueeze(2)
 
 
 def ranks_from_order(order: Tensor) -> Tensor:
@@ -169,7 +168,7 @@ class PositionalEncodings(nn.Module):
     def forward(self, offset: Tensor, same_chain: Tensor) -> Tensor:
         m = self.max_relative_feature
         d = torch.clip(offset + m, 0, 2 * m) * same_chain + (1 - same_chain) * (2 * m + 1)
-        return self.linear(F.one_hot(d, 2 * m + 1 + 1).float())
+        return self.linear(F.one_hot(d, 2 * m + 1 + 1).to(self.linear.weight.dtype))
 
 
 class _GraphFeatures(nn.Module):
@@ -301,7 +300,11 @@ class PositionWiseFeedForward(nn.Module):
 
 
 class EncLayer(nn.Module):
-    """Encoder message-passing layer: updates nodes from edges and neighbours, then edges from nodes."""
+    """Encoder message-passing layer: updates nodes from edges and neighbours, then edges from nodes.
+
+    The first linear layer of each message MLP, which acts on ``[h_V_i, h_E_ij, h_V_j]``, is applied block by
+    block (node blocks per node, then gathered), and the last one after the sum over neighbours.
+    """
 
     def __init__(self, num_hidden: int, num_in: int, dropout: float = 0.1, scale: float = 30.0) -> None:
         super().__init__()
@@ -321,26 +324,39 @@ class EncLayer(nn.Module):
         self.act = nn.GELU()
         self.dense = PositionWiseFeedForward(num_hidden, num_hidden * 4)
 
-    def _messages(self, h_V: Tensor, h_E: Tensor, E_idx: Tensor) -> Tensor:
-        h_EV = torch.cat([h_E, gather_nodes(h_V, E_idx)], -1)
-        return torch.cat([h_V.unsqueeze(-2).expand(-1, -1, h_EV.shape[-2], -1), h_EV], -1)
+    @staticmethod
+    def _first_linear(W: nn.Linear, h_V: Tensor, h_E: Tensor, E_idx: Tensor) -> Tensor:
+        """``W(cat([h_V_i, h_E_ij, h_V_j]))`` ``[B, L, K, H]``."""
+        W_i, W_e, W_j = W.weight.split([h_V.shape[-1], h_E.shape[-1], h_V.shape[-1]], dim=1)
+        node_i = F.linear(h_V, W_i, W.bias).unsqueeze(2)
+        return F.linear(h_E, W_e).add_(gather_nodes(F.linear(h_V, W_j), E_idx)).add_(node_i)
 
     def forward(
         self, h_V: Tensor, h_E: Tensor, E_idx: Tensor, mask_V: Tensor, mask_attend: Tensor
     ) -> tuple[Tensor, Tensor]:
-        h_message = self.W3(self.act(self.W2(self.act(self.W1(self._messages(h_V, h_E, E_idx))))))
-        dh = torch.sum(mask_attend.unsqueeze(-1) * h_message, -2) / self.scale
+        hidden = self.act(self.W2(self.act(self._first_linear(self.W1, h_V, h_E, E_idx))))
+        messages = F.linear(
+            torch.einsum("blk,blkh->blh", mask_attend.to(hidden.dtype), hidden), self.W3.weight
+        )
+        dh = (messages + mask_attend.sum(-1, keepdim=True) * self.W3.bias) / self.scale
         h_V = self.norm1(h_V + self.dropout1(dh))
         h_V = self.norm2(h_V + self.dropout2(self.dense(h_V)))
         h_V = mask_V.unsqueeze(-1) * h_V
 
-        h_message = self.W13(self.act(self.W12(self.act(self.W11(self._messages(h_V, h_E, E_idx))))))
+        hidden = self.act(self._first_linear(self.W11, h_V, h_E, E_idx))
+        h_message = self.W13(self.act(self.W12(hidden)))
         h_E = self.norm3(h_E + self.dropout3(h_message))
         return h_V, h_E
 
 
 class DecLayer(nn.Module):
-    """Decoder layer: updates nodes from (already masked) neighbour messages."""
+    """Decoder layer for N sequences per structure (nodes ``[B, L, N, H]``, edges ``[B, L, K, N, H]``).
+
+    The first linear layer of the message MLP acts on ``[h_V_i, h_E_ij, h_S_j, h_V_j]`` for neighbours decoded
+    before ``i`` and on ``[h_V_i, h_E_ij, 0, h_V_enc_j]`` for the others; it is applied block by block, with
+    the structure-only blocks computed once for all N sequences. The last linear layer is applied after the
+    sum over neighbours.
+    """
 
     def __init__(self, num_hidden: int, num_in: int, dropout: float = 0.1, scale: float = 30.0) -> None:
         super().__init__()
@@ -355,13 +371,24 @@ class DecLayer(nn.Module):
         self.act = nn.GELU()
         self.dense = PositionWiseFeedForward(num_hidden, num_hidden * 4)
 
-    def forward(self, h_V: Tensor, h_E: Tensor, mask_V: Tensor) -> Tensor:
-        h_EV = torch.cat([h_V.unsqueeze(-2).expand(-1, -1, h_E.shape[-2], -1), h_E], -1)
-        h_message = self.W3(self.act(self.W2(self.act(self.W1(h_EV)))))
-        dh = torch.sum(h_message, -2) / self.scale
+    def forward(self, h_V: Tensor, h_S: Tensor, enc: Encoding, mask_bw: Tensor) -> Tensor:
+        """Update ``h_V [B, L, N, H]`` from the token embeddings ``h_S [B, L, N, H]`` and the encoding.
+
+        ``mask_bw [B, L, K, N]`` is 1 where ``i`` is present and sees the token of neighbour ``j``.
+        """
+        H = h_V.shape[-1]
+        W_i, W_e, W_s, W_j = self.W1.weight.split([H, enc.h_E.shape[-1], h_S.shape[-1], H], dim=1)
+        structure = F.linear(enc.h_E, W_e).add_(gather_nodes(F.linear(enc.h_V, W_j), enc.E_idx))
+        structure = structure.mul_(enc.mask[:, :, None, None]).unsqueeze(3)
+        visible = F.linear(h_S, W_s) + F.linear(h_V - enc.h_V.unsqueeze(2), W_j)
+        visible = gather_nodes(visible.flatten(2), enc.E_idx).unflatten(-1, visible.shape[-2:])
+        node_i = F.linear(h_V, W_i, self.W1.bias).unsqueeze(2)
+        pre = torch.addcmul(structure, mask_bw.unsqueeze(-1).to(structure.dtype), visible).add_(node_i)
+        hidden = self.act(self.W2(self.act(pre))).sum(2)
+        dh = F.linear(hidden, self.W3.weight, enc.E_idx.shape[-1] * self.W3.bias) / self.scale
         h_V = self.norm1(h_V + self.dropout1(dh))
         h_V = self.norm2(h_V + self.dropout2(self.dense(h_V)))
-        return mask_V.unsqueeze(-1) * h_V
+        return enc.mask[:, :, None, None] * h_V
 
 
 class ProteinMPNN(PreTrainedModel):
@@ -420,25 +447,20 @@ class ProteinMPNN(PreTrainedModel):
         return Encoding(h_V=h_V, h_E=h_E, E_idx=E_idx, mask=mask)
 
     def decode(self, enc: Encoding, S: Tensor, ranks: Tensor) -> Tensor:
-        """Teacher-forced autoregressive decoding; returns log-probabilities ``[B, L, vocab_size]``.
+        """Teacher-forced autoregressive decoding of ``S`` in the order given by ``ranks``.
 
-        Position ``i`` sees the tokens of neighbours decoded before it (``ranks[j] < ranks[i]``) and only the
-        structure of the others.
+        ``S`` and ``ranks`` are ``[B, L]`` or ``[B, N, L]`` (N sequences/orders per encoded structure);
+        returns log-probabilities ``[B, L, vocab_size]`` or ``[B, N, L, vocab_size]``. Position ``i`` sees the
+        tokens of neighbours decoded before it (``ranks[j] < ranks[i]``) and only the structure of the others.
         """
-        h_V, h_E, E_idx = enc.h_V, enc.h_E, enc.E_idx
-        h_S = self.W_s(S)
-        h_ES = torch.cat([h_E, gather_nodes(h_S, E_idx)], -1)
-        no_tokens = h_S.new_zeros(*E_idx.shape, h_S.shape[-1])
-        h_EXV_encoder = torch.cat([h_E, no_tokens, gather_nodes(h_V, E_idx)], -1)
-
-        mask_attend = causal_neighbor_mask(ranks, E_idx).unsqueeze(-1).to(h_E.dtype)
-        mask_1D = enc.mask[:, :, None, None]
-        mask_bw = mask_1D * mask_attend
-        h_EXV_encoder_fw = mask_1D * (1.0 - mask_attend) * h_EXV_encoder
+        if S.dim() == 2:
+            return self.decode(enc, S.unsqueeze(1), ranks.unsqueeze(1)).squeeze(1)
+        mask_bw = enc.mask[:, :, None, None] * causal_neighbor_mask(ranks, enc.E_idx)
+        h_S = self.W_s(S.transpose(1, 2))
+        h_V = enc.h_V.unsqueeze(2).expand_as(h_S)
         for layer in self.decoder_layers:
-            h_ESV = torch.cat([h_ES, gather_nodes(h_V, E_idx)], -1)
-            h_V = layer(h_V, mask_bw * h_ESV + h_EXV_encoder_fw, enc.mask)
-        return F.log_softmax(self.W_out(h_V), dim=-1)
+            h_V = layer(h_V, h_S, enc, mask_bw)
+        return F.log_softmax(self.W_out(h_V.transpose(1, 2)), dim=-1)
 
     def forward(
         self, X: Tensor, S: Tensor, mask: Tensor, residue_idx: Tensor, chain_encoding: Tensor, ranks: Tensor
@@ -448,11 +470,7 @@ class ProteinMPNN(PreTrainedModel):
         ``S`` and ``ranks`` are ``[B, L]``, or ``[B, N, L]`` for N sequences/orders per structure, which share
         one encoder pass; the result is ``[B, L, V]`` or ``[B, N, L, V]``.
         """
-        enc = self.encode(X, mask, residue_idx, chain_encoding)
-        if S.dim() == 2:
-            return self.decode(enc, S, ranks)
-        B, N, L = S.shape
-        return self.decode(enc.repeat(N), S.reshape(B * N, L), ranks.reshape(B * N, L)).view(B, N, L, -1)
+        return self.decode(self.encode(X, mask, residue_idx, chain_encoding), S, ranks)
 
     def official_checkpoint(self, state_dict: dict[str, Tensor] | None = None) -> dict[str, Any]:
         """The weights in the official format read by ``protein_mpnn_run.py --path_to_model_weights``."""

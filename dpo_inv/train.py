@@ -7,6 +7,7 @@ import math
 import shutil
 import time
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 
 import datasets
@@ -14,7 +15,7 @@ import numpy as np
 import torch
 import yaml
 from accelerate import Accelerator
-from accelerate.utils import set_seed
+from accelerate.utils import InitProcessGroupKwargs, set_seed
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 from transformers import get_scheduler
@@ -28,7 +29,7 @@ from dpo_inv.data import (
     collate,
     load_pairs,
 )
-from dpo_inv.launch import use_cpu
+from dpo_inv.launch import device_backend, setup_environment
 from dpo_inv.loss import PairLogps, pair_logps, preference_loss
 from dpo_inv.model import ProteinMPNN, decoding_ranks, load_model
 
@@ -197,6 +198,15 @@ def save_model(accelerator: Accelerator, model: torch.nn.Module, directory: Path
     accelerator.wait_for_everyone()
 
 
+def check_replicas_agree(accelerator: Accelerator, model: torch.nn.Module) -> None:
+    """Every rank must hold the same parameters after training; a broken process group shows here."""
+    params = [p.detach().double().sum() for p in accelerator.unwrap_model(model).parameters()]
+    sums = accelerator.gather(torch.stack(params).unsqueeze(0).to(accelerator.device)).cpu()
+    if not torch.equal(sums, sums[:1].expand_as(sums)):
+        raise RuntimeError("parameters differ between ranks after training: gradients were not synchronised")
+    accelerator.print(f"Parameters identical on all {accelerator.num_processes} process(es)")
+
+
 def log(accelerator: Accelerator, output_dir: Path, metrics: dict[str, float], step: int) -> None:
     """Rank 0 appends one JSON object to metrics.jsonl and forwards it to the trackers."""
     if accelerator.is_main_process:
@@ -208,13 +218,30 @@ def log(accelerator: Accelerator, output_dir: Path, metrics: dict[str, float], s
 def train(config: DPOConfig) -> dict[str, float]:
     """Run DPO; returns the final eval metrics (empty without an eval set)."""
     output_dir = Path(config.output_dir)
-    accelerator = Accelerator(
-        cpu=use_cpu(),
-        gradient_accumulation_steps=config.gradient_accumulation_steps,
-        mixed_precision=config.mixed_precision,
-        log_with=None if config.report_to == ["none"] else config.report_to,
-        project_dir=str(output_dir),
-    )
+    launch = setup_environment()
+    device_type, backend = device_backend(config.backend) if launch.world_size > 1 else (None, None)
+    try:
+        accelerator = Accelerator(
+            cpu=device_type == "cpu",
+            gradient_accumulation_steps=config.gradient_accumulation_steps,
+            mixed_precision=config.mixed_precision,
+            log_with=None if config.report_to == ["none"] else config.report_to,
+            project_dir=str(output_dir),
+            kwargs_handlers=[
+                InitProcessGroupKwargs(backend=backend, timeout=timedelta(seconds=config.ddp_timeout))
+            ],
+        )
+    except (RuntimeError, ValueError) as err:  # torch's DistNetworkError is a RuntimeError
+        raise ConnectionError(
+            f"rank {launch.rank} of {launch.world_size} ({launch.launcher}) could not join the process "
+            f"group at {launch.master_addr}:{launch.master_port} with {backend} "
+            f"within {config.ddp_timeout} s: {err}"
+        ) from err
+    if accelerator.num_processes != launch.world_size:
+        raise RuntimeError(
+            f"{launch.launcher} started {launch.world_size} processes but Accelerate runs "
+            f"{accelerator.num_processes} on {device_type} with {backend}; it cannot use that backend here"
+        )
     set_seed(config.seed)
     if not accelerator.is_main_process:
         datasets.disable_progress_bars()
@@ -292,7 +319,8 @@ def train(config: DPOConfig) -> dict[str, float]:
     accelerator.init_trackers(config.run_name, config=config.to_dict())
     accelerator.print(
         f"{len(train_set)} training pairs, {0 if eval_data is None else len(eval_data.pairs)} eval pairs; "
-        f"{accelerator.num_processes} process(es) on {accelerator.device}, global batch "
+        f"{accelerator.num_processes} process(es) on {accelerator.device} ({backend or 'no'} backend, "
+        f"{launch.launcher} launch); batch {config.per_device_train_batch_size} per device, global batch "
         f"{global_batch * config.gradient_accumulation_steps}; {total_steps} optimizer steps"
     )
 
@@ -324,6 +352,12 @@ def train(config: DPOConfig) -> dict[str, float]:
             gathered = accelerator.gather_for_metrics(per_pair).double().cpu()
             totals += gathered.sum(0)
             count += len(gathered)
+            if config.log_data_order:
+                record = {"step": state.global_step + 1, "epoch": epoch, "batch": state.batches_in_epoch}
+                record["indices"] = accelerator.gather(batch["index"]).view(accelerator.num_processes, -1)
+                if accelerator.is_main_process:
+                    with open(output_dir / "data_order.jsonl", "a") as handle:
+                        handle.write(json.dumps({**record, "indices": record["indices"].tolist()}) + "\n")
             state.batches_in_epoch += 1
             if not accelerator.sync_gradients:
                 continue
@@ -364,6 +398,7 @@ def train(config: DPOConfig) -> dict[str, float]:
             break
     progress.close()
 
+    check_replicas_agree(accelerator, model)
     save_model(accelerator, model, output_dir / "final")
     if eval_metrics:
         accelerator.print(

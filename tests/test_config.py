@@ -12,7 +12,9 @@ from dpo_inv.config import DPOConfig, parse_config
 
 def test_yaml_then_command_line(tmp_path):
     path = tmp_path / "c.yaml"
-    path.write_text(yaml.safe_dump({"beta": 0.2, "loss_type": ["sigmoid", "hinge"], "loss_weights": [1, 0.5]}))
+    path.write_text(
+        yaml.safe_dump({"beta": 0.2, "loss_type": ["sigmoid", "hinge"], "loss_weights": [1, 0.5]})
+    )
     config = parse_config(["--config", str(path), "--beta", "0.3", "--max_steps", "7", "--reference_free"])
     assert (config.beta, config.max_steps, config.reference_free) == (0.3, 7, True)
     assert config.loss_type == ["sigmoid", "hinge"] and config.loss_weights == [1.0, 0.5]

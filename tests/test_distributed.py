@@ -1,11 +1,20 @@
-"""Real two-process runs on CPU (gloo): the same training as one process with the same global batch."""
+"""Real two-process runs on CPU (gloo) through every launcher that runs without GPUs: each matches a
+one-process run with the same global batch."""
 
+import json
+import os
+import shutil
 import socket
+import subprocess
 import sys
 
 import pytest
 import torch
+from conftest import ROOT
 from test_train import metrics, run, small_pairs, weights
+
+PY = sys.executable
+QUICK = "configs/quick_test.yaml"  # the scripts take a config; every setting that matters is overridden
 
 
 def free_port() -> str:
@@ -14,27 +23,27 @@ def free_port() -> str:
         return str(s.getsockname()[1])
 
 
-def torchrun() -> tuple[str, ...]:
-    return (
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc_per_node",
-        "2",
-        "--master_port",
-        free_port(),
-    )
-
-
-def accelerate_launch() -> tuple[str, ...]:
-    """Accelerate starts several local processes through torchrun only with --multi_gpu (its --cpu flag
-    means one process, or mpirun with a host file); on a machine without GPUs dpo_inv then uses gloo."""
-    return (sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-            "--main_process_port", free_port())  # fmt: skip
+def launchers(port: str) -> dict[str, tuple[tuple[str, ...], dict[str, str]]]:
+    module = ("-m", "dpo_inv.run")
+    accelerate = (PY, "-m", "accelerate.commands.launch", "--main_process_port", port)
+    scripts = {"PYTHON": PY, "MASTER_PORT": port}
+    return {
+        "torchrun": ((PY, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", port,
+                      *module), {}),
+        # Accelerate starts local processes through torchrun with --multi_gpu (--cpu means one process)
+        "accelerate": ((*accelerate, "--multi_gpu", "--num_processes", "2", *module), {}),
+        "accelerate_config": ((*accelerate, "--config_file", "accelerate_configs/cpu_multiprocess.yaml",
+                               *module), {}),
+        "mpiexec": (("mpiexec", "-n", "2", PY, *module), {"MASTER_PORT": port}),
+        "aurora_script": (("scripts/run_dpo_aurora.sh",),
+                          {**scripts, "RANKS_PER_NODE": "2", "CONFIG": QUICK}),
+        "local_script": (("scripts/run_dpo_local.sh", "2", QUICK), scripts),
+    }  # fmt: skip
 
 
 COMMON = ("--max_steps", "4", "--learning_rate", "3e-4", "--warmup_steps", "0", "--logging_steps", "1",
-          "--eval_steps", "4", "--per_device_eval_batch_size", "2", "--seed", "5")  # fmt: skip
+          "--eval_steps", "4", "--per_device_eval_batch_size", "2", "--seed", "5", "--log_data_order",
+          "--eval_split", "0")  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -47,21 +56,52 @@ def single_process(tmp_path_factory):
     return train, evaluation, output
 
 
-@pytest.mark.parametrize("launcher", [torchrun, accelerate_launch], ids=["torchrun", "accelerate"])
-def test_two_processes_match_one_process_with_the_same_global_batch(tmp_path, single_process, launcher):
+def data_order(output) -> list[list[list[int]]]:
+    return [json.loads(line)["indices"] for line in (output / "data_order.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("name", list(launchers("0")))
+def test_two_processes_match_one_process_with_the_same_global_batch(tmp_path, single_process, name):
+    if name in ("mpiexec", "aurora_script") and shutil.which("mpiexec") is None:
+        pytest.skip("no mpiexec on this machine (.ci/run installs MPICH)")
     train, evaluation, single = single_process
+    command, extra_env = launchers(free_port())[name]
     output = tmp_path / "out"
-    result = run(tmp_path, "--train_file", str(train), "--eval_file", str(evaluation), "--output_dir",
-                 str(output), "--per_device_train_batch_size", "2", *COMMON, launcher=launcher())  # fmt: skip
-    assert "2 process(es)" in result.stdout + result.stderr
-    one, two = metrics(single), metrics(output)
-    assert [m["step"] for m in two] == [m["step"] for m in one]  # rank 0 alone wrote metrics.jsonl
-    for a, b in zip(one, two, strict=True):
+    result = run(tmp_path, "--train_file", str(train), "--eval_file", str(evaluation),
+                 "--output_dir", str(output), "--per_device_train_batch_size", "2", *COMMON,
+                 command=command, extra_env=extra_env)  # fmt: skip
+    log = result.stdout + result.stderr
+    assert "2 process(es) on cpu" in log and "gloo backend" in log
+    assert "Parameters identical on all 2 process(es)" in log
+
+    # the ranks trained on disjoint shards that together are the one-process batches, i.e. all the data
+    two, one = data_order(output), data_order(single)
+    assert len(two) == len(one) == 4
+    for ranks, (whole,) in zip(two, one, strict=True):
+        assert len(ranks) == 2 and not set(ranks[0]) & set(ranks[1])
+        assert sorted(ranks[0] + ranks[1]) == sorted(whole)
+    assert sorted(i for ranks in two for rank in ranks for i in rank) == list(range(16))
+
+    # logged metrics (gathered over both ranks, rank 0 alone writing) and weights match one process
+    assert [m["step"] for m in metrics(output)] == [m["step"] for m in metrics(single)]
+    for a, b in zip(metrics(single), metrics(output), strict=True):
         for key in a:
-            if key not in ("pairs_per_second",):
+            if key != "pairs_per_second":
                 assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-5), key
-    evals = [m for m in two if "eval_loss" in m]
-    assert len(evals) == 1 and evals[0]["eval_logps/chosen"] < 0  # 7 eval pairs, each counted once
     expected, actual = weights(single / "final"), weights(output / "final")
     for key in expected:
         torch.testing.assert_close(actual[key], expected[key], atol=1e-5, rtol=1e-4)
+    written = ["best", "checkpoints", "config.yaml", "data_order.jsonl", "final", "metrics.jsonl"]
+    assert sorted(p.name for p in output.iterdir()) == written
+
+
+def test_a_rank_that_cannot_reach_the_master_fails_naming_the_address(tmp_path):
+    port = free_port()
+    result = subprocess.run(
+        [PY, "-m", "dpo_inv.run", "--max_steps", "1", "--ddp_timeout", "3", "--output_dir", str(tmp_path)],
+        cwd=ROOT, env={**os.environ, "PMI_RANK": "1", "PMI_SIZE": "2", "MASTER_PORT": port},
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode != 0
+    expected = f"rank 1 of 2 (mpich) could not join the process group at 127.0.0.1:{port} with gloo"
+    assert expected in result.stderr

@@ -84,8 +84,7 @@ def ours(model: ProteinMPNN, f: Features, ranks: torch.Tensor, S: torch.Tensor |
     return model(f.X, f.S if S is None else S, f.mask, f.residue_idx, f.chain_encoding, ranks)
 
 
-@torch.no_grad()
-def theirs(ref: RefMPNN, f: Features, ranks: torch.Tensor) -> torch.Tensor:
+def reference_log_probs(ref: RefMPNN, f: Features, ranks: torch.Tensor) -> torch.Tensor:
     order = torch.argsort(ranks, dim=-1)
     randn = torch.zeros_like(f.mask)  # unused when the decoding order is given
     return ref(
@@ -99,6 +98,11 @@ def theirs(ref: RefMPNN, f: Features, ranks: torch.Tensor) -> torch.Tensor:
         use_input_decoding_order=True,
         decoding_order=order,
     )
+
+
+@torch.no_grad()
+def theirs(ref: RefMPNN, f: Features, ranks: torch.Tensor) -> torch.Tensor:
+    return reference_log_probs(ref, f, ranks)
 
 
 def max_diff(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor) -> float:
@@ -210,29 +214,44 @@ def test_cases_cover_missing_residues_and_fixed_chains(featurize):
     assert hvr.chain_encoding.unique().tolist() == [1, 2]
 
 
-def test_one_encoding_scores_several_sequences_and_orders(models, featurize):
+def test_decoding_several_sequences_and_orders_equals_separate_decodes(models, featurize):
     model, _ = models("vanilla/v_48_020")
     f = featurize(ETE, MR1)
     generator = torch.Generator().manual_seed(1)
-    S_alt = torch.randint(0, 20, f.S.shape, generator=generator)
-    ranks_random = seeded_ranks(f.chain_M, f.mask, 1)
-    ranks_l2r = identity_ranks(f.mask)
+    S = torch.stack([f.S, torch.randint(0, 20, f.S.shape, generator=generator)], 1)
+    ranks = torch.stack([seeded_ranks(f.chain_M, f.mask, 1), identity_ranks(f.mask)], 1)
     with torch.no_grad():
         enc = model.encode(f.X, f.mask, f.residue_idx, f.chain_encoding)
-        repeated = enc.repeat(2)
-        S = torch.stack([f.S, S_alt], 1).flatten(0, 1)
-        ranks = torch.stack([ranks_random, ranks_l2r], 1).flatten(0, 1)
-        batched = model.decode(repeated, S, ranks).unflatten(0, (-1, 2))
-    assert torch.equal(repeated.h_E[2], enc.h_E[1]) and torch.equal(repeated.E_idx[1], enc.E_idx[0])
-    for b in range(2):
-        rows = slice(b, b + 1)
-        single = Features(*(t[rows] for t in f))
-        torch.testing.assert_close(
-            batched[b, 0], ours(model, single, ranks_random[rows])[0], atol=1e-5, rtol=0
-        )
-        torch.testing.assert_close(
-            batched[b, 1], ours(model, single, ranks_l2r[rows], S=S_alt[rows])[0], atol=1e-5, rtol=0
-        )
+        batched = model.decode(enc, S, ranks)
+        separate = [model.decode(enc, S[:, n], ranks[:, n]) for n in range(2)]
+    assert batched.shape == (*S.shape, len(ALPHABET))
+    for n in range(2):
+        torch.testing.assert_close(batched[:, n], separate[n], atol=1e-5, rtol=0)
+    assert torch.equal(ours(model, f, ranks, S=S), batched)
+
+
+@pytest.mark.parametrize(
+    ("weights", "structures"), [("vanilla/v_48_020", (ETE, MR1)), ("ca/v_48_020", (MR1, HVR))]
+)
+def test_gradients_match_reference(models, featurize, weights: str, structures: tuple[Chains, ...]):
+    model, ref = models(weights)
+    f = featurize(*structures, ca_only=model.config.ca_only)
+    ranks = seeded_ranks(f.chain_M, f.mask, 4)
+
+    def grads(net: torch.nn.Module, log_probs: torch.Tensor) -> dict[str, torch.Tensor | None]:
+        loss = (sequence_log_probs(log_probs, f.S) * f.mask).sum()
+        names, params = zip(*net.named_parameters(), strict=True)
+        return dict(zip(names, torch.autograd.grad(loss, params, allow_unused=True), strict=True))
+
+    ours_grads = grads(model, model(f.X, f.S, f.mask, f.residue_idx, f.chain_encoding, ranks))
+    ref_grads = grads(ref, reference_log_probs(ref, f, ranks))
+    assert ours_grads.keys() == ref_grads.keys()
+    for name, expected in ref_grads.items():
+        if expected is None:
+            assert ours_grads[name] is None, name
+        else:
+            scale = expected.abs().max().clamp(min=1.0)
+            assert (ours_grads[name] - expected).abs().max() <= TOL * scale, name
 
 
 def test_decoding_ranks_are_seeded_permutations_with_fixed_positions_first():
@@ -281,6 +300,9 @@ def test_neighbor_mask_equals_reference_permutation_mask(models, featurize):
     permutation = torch.nn.functional.one_hot(torch.argsort(ranks), num_classes=L).float()
     full = torch.einsum("ij, biq, bjp->bqp", 1 - torch.triu(torch.ones(L, L)), permutation, permutation)
     assert torch.equal(causal_neighbor_mask(ranks, E_idx).float(), torch.gather(full, 2, E_idx))
+    several = causal_neighbor_mask(torch.stack([ranks, identity_ranks(f.mask)], 1), E_idx)
+    assert torch.equal(several[..., 0], causal_neighbor_mask(ranks, E_idx))
+    assert torch.equal(several[..., 1], causal_neighbor_mask(identity_ranks(f.mask), E_idx))
 
 
 @pytest.mark.parametrize("name", ["vanilla/v_48_020", "soluble/v_48_010", "ca/v_48_020"])

@@ -26,10 +26,19 @@ def env(tmp_path: Path) -> dict[str, str]:
     return {**os.environ, "HF_DATASETS_CACHE": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1"}
 
 
-def run(tmp_path: Path, *args: str, launcher: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
-    command = [*launcher] if launcher else [sys.executable]
-    command += ["-m", "dpo_inv.run", "--cache_dir", str(tmp_path / "cache"), *args]
-    result = subprocess.run(command, cwd=ROOT, env=env(tmp_path), capture_output=True, text=True, timeout=900)
+def run(
+    tmp_path: Path, *args: str, command: tuple[str, ...] = (), extra_env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
+    """Train in a subprocess; `command` is a launcher that ends by running dpo_inv.run."""
+    command = command or (sys.executable, "-m", "dpo_inv.run")
+    result = subprocess.run(
+        [*command, "--cache_dir", str(tmp_path / "cache"), *args],
+        cwd=ROOT,
+        env={**env(tmp_path), **(extra_env or {})},
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return result
 
@@ -76,7 +85,7 @@ def test_resume_continues_exactly_and_old_checkpoints_are_pruned(tmp_path):
     assert {"loss", "rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins",
             "logps/chosen", "logps/rejected", "grad_norm", "learning_rate", "epoch",
             "pairs_per_second"} <= set(logged[0])  # fmt: skip
-    assert logged[0]["loss"] == pytest.approx(math.log(2), abs=1e-6)  # policy == reference at the start
+    assert logged[0]["loss"] == pytest.approx(math.log(2), abs=1e-4)  # policy == reference at the start
     assert logged[-1]["epoch"] == pytest.approx(1.5)
 
     resumed = tmp_path / "resumed"
@@ -126,7 +135,8 @@ def test_training_learns_the_preference(tmp_path):
 def test_precomputed_reference_log_probs_give_the_same_training(tmp_path):
     data = small_pairs(tmp_path)
     args = ("--train_file", str(data), "--eval_file", str(data), "--per_device_train_batch_size", "4",
-            "--max_steps", "2", "--logging_steps", "1", "--eval_steps", "2", "--num_decoding_orders", "2")  # fmt: skip
+            "--max_steps", "2", "--logging_steps", "1", "--eval_steps", "2",
+            "--num_decoding_orders", "2")  # fmt: skip
     run(tmp_path, *args, "--output_dir", str(tmp_path / "plain"))
     run(tmp_path, *args, "--output_dir", str(tmp_path / "pre"), "--precompute_ref_log_probs")
     plain, pre = metrics(tmp_path / "plain"), metrics(tmp_path / "pre")
