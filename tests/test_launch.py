@@ -1,0 +1,60 @@
+"""Launch-environment mapping for mpiexec (MPICH/PALS, Open MPI, MVAPICH), SLURM and torchrun."""
+
+import pytest
+
+from dpo_inv.launch import device_backend, first_slurm_host, setup_environment
+
+
+@pytest.mark.parametrize(
+    "env, expected",
+    [
+        ({"PMI_RANK": "7", "PMI_SIZE": "12", "PALS_LOCAL_RANKID": "1"}, ("mpich", "7", "12", "1")),
+        ({"PMI_RANK": "3", "PMI_SIZE": "4", "MPI_LOCALRANKID": "1"}, ("mpich", "3", "4", "1")),
+        ({"PMI_RANK": "3", "PMI_SIZE": "4", "PMI_LOCAL_RANK": "0"}, ("mpich", "3", "4", "0")),
+        ({"OMPI_COMM_WORLD_RANK": "5", "OMPI_COMM_WORLD_SIZE": "8", "OMPI_COMM_WORLD_LOCAL_RANK": "1"},
+         ("openmpi", "5", "8", "1")),
+        ({"MV2_COMM_WORLD_RANK": "2", "MV2_COMM_WORLD_SIZE": "4", "MV2_COMM_WORLD_LOCAL_RANK": "0"},
+         ("mvapich", "2", "4", "0")),
+        ({"SLURM_PROCID": "9", "SLURM_NTASKS": "16", "SLURM_LOCALID": "1"}, ("slurm", "9", "16", "1")),
+    ],
+)  # fmt: skip
+def test_launchers_map_to_torch_variables(env, expected):
+    info = setup_environment(env)
+    assert (info.launcher, env["RANK"], env["WORLD_SIZE"], env["LOCAL_RANK"]) == expected
+    assert (env["MASTER_ADDR"], env["MASTER_PORT"]) == ("127.0.0.1", "29500")
+    assert (info.rank, info.world_size) == (int(expected[1]), int(expected[2]))
+
+
+def test_explicit_variables_win():
+    env = {"PMI_RANK": "1", "PMI_SIZE": "2", "LOCAL_RANK": "5", "MASTER_ADDR": "node9", "MASTER_PORT": "1234"}
+    setup_environment(env)
+    assert (env["RANK"], env["LOCAL_RANK"], env["MASTER_ADDR"], env["MASTER_PORT"]) == (
+        "1",
+        "5",
+        "node9",
+        "1234",
+    )
+    torchrun = {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "PMI_RANK": "1", "PMI_SIZE": "4"}
+    assert setup_environment(torchrun).launcher == "torchrun" and torchrun["WORLD_SIZE"] == "2"
+
+
+def test_master_from_pbs_nodefile_or_slurm_nodelist(tmp_path):
+    nodefile = tmp_path / "nodes"
+    nodefile.write_text("x4102c5s0b0n0.hostmgmt\nx4102c5s0b0n0.hostmgmt\nx4102c5s1b0n0.hostmgmt\n")
+    env = {"PMI_RANK": "0", "PMI_SIZE": "24", "PBS_NODEFILE": str(nodefile)}
+    assert setup_environment(env).master_addr == "x4102c5s0b0n0.hostmgmt"
+    env = {"SLURM_PROCID": "0", "SLURM_NTASKS": "8", "SLURM_JOB_NODELIST": "gpu[012-015,020]"}
+    assert setup_environment(env).master_addr == "gpu012"
+    assert first_slurm_host("nid001000") == "nid001000"
+    assert first_slurm_host("x1001c0s[1-3,7]b0n0,other") == "x1001c0s1b0n0"
+
+
+def test_single_process_needs_nothing():
+    env: dict[str, str] = {}
+    info = setup_environment(env)
+    assert info.launcher == "none" and info.world_size == 1 and env == {}
+
+
+def test_backend_on_this_machine():
+    assert device_backend() == ("cpu", "gloo")
+    assert device_backend("mpi") == ("cpu", "mpi")
