@@ -231,7 +231,7 @@ def train(config: DPOConfig) -> dict[str, float]:
                 InitProcessGroupKwargs(backend=backend, timeout=timedelta(seconds=config.ddp_timeout))
             ],
         )
-    except (RuntimeError, ValueError) as err:  # torch's DistNetworkError is a RuntimeError
+    except torch.distributed.DistError as err:
         raise ConnectionError(
             f"rank {launch.rank} of {launch.world_size} ({launch.launcher}) could not join the process "
             f"group at {launch.master_addr}:{launch.master_port} with {backend} "
