@@ -1,10 +1,10 @@
-"""The `dpo-inv` command: `dpo-inv train ...` runs `python -m dpo_inv.run ...`."""
+"""The `dpo-inv` command: `dpo-inv COMMAND ...` runs `python -m dpo_inv.MODULE ...` (train: dpo_inv.run)."""
 
 from __future__ import annotations
 
 import sys
 
-COMMANDS = {"train": "dpo_inv.run"}
+COMMANDS = {"train": "dpo_inv.run", "score": "dpo_inv.score", "plot": "dpo_inv.plot"}
 
 
 def main() -> None:

@@ -278,12 +278,21 @@ def _check_sequence(name: str, seq: Any, expected: int, pdb: str, chains: tuple[
     return tokenize(seq)
 
 
+PAIR_FIELDS = ("preferred_seq", "unpreferred_seq")
+SEQUENCE_FIELDS = ("sequence", "wildtype_seq")  # a sequences file; wildtype_seq is optional
+
+
 def load_pairs(
     path: str | Path,
     cache_dir: str | Path | None = None,
     num_proc: int | None = None,
+    fields: tuple[str, str] = PAIR_FIELDS,
 ) -> PairDataset:
-    """Load and validate a preference file; all bad records are reported together in one `DataError`."""
+    """Load and validate a preference file; all bad records are reported together in one `DataError`.
+
+    `fields` name the two sequences of a record (stored as `chosen` and `rejected`); with
+    `SEQUENCE_FIELDS` a sequences file loads the same way, a missing `wildtype_seq` meaning the sequence.
+    """
     path = Path(path)
     records, line_numbers = load_records(path)
     root = path.resolve().parent
@@ -320,12 +329,11 @@ def load_pairs(
             continue
         pdb, chains = record["pdb_file"], tuple(design_chains[sid])
         try:
-            chosen = _check_sequence(
-                "preferred_seq", record.get("preferred_seq"), num_designed[sid], pdb, chains
-            )
-            rejected = _check_sequence(
-                "unpreferred_seq", record.get("unpreferred_seq"), num_designed[sid], pdb, chains
-            )
+            first, second = fields
+            if fields == SEQUENCE_FIELDS and record.get(second) is None:
+                second = first
+            chosen = _check_sequence(first, record.get(first), num_designed[sid], pdb, chains)
+            rejected = _check_sequence(second, record.get(second), num_designed[sid], pdb, chains)
             mutable = _mutable_mask(record, num_designed[sid])
             weight = float(record["weight"]) if record.get("weight") is not None else 1.0
             if not np.isfinite(weight) or weight < 0:

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.nn.functional as F
+
+from dpo_inv.model import decoding_ranks
 
 LOSS_TYPES = ("sigmoid", "ipo", "hinge", "robust")
 
@@ -26,6 +29,19 @@ class DPOOutput:
     losses: torch.Tensor
     chosen_rewards: torch.Tensor
     rejected_rewards: torch.Tensor
+
+
+def example_seeds(seed: int, indices: torch.Tensor, epoch: int) -> list[int]:
+    """A seed per example from (run seed, epoch, example index): orders do not depend on batching or rank."""
+    return [int(np.random.SeedSequence([seed, epoch, int(i)]).generate_state(1)[0]) for i in indices.tolist()]
+
+
+def batch_ranks(
+    batch: dict[str, torch.Tensor], seed: int, num_orders: int, decoding_order: str, epoch: int = 0
+) -> torch.Tensor:
+    """Decoding ranks [B, K, L] of a batch: `random` (seeded per pair) or `left_to_right`."""
+    seeds = None if decoding_order == "left_to_right" else example_seeds(seed, batch["index"], epoch)
+    return decoding_ranks(batch["decode_mask"], batch["mask"], seeds, num_orders, batch["length"].tolist())
 
 
 def pair_logps(model: torch.nn.Module, batch: dict[str, torch.Tensor], ranks: torch.Tensor) -> PairLogps:

