@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import sys
 
-COMMANDS = {"train": "dpo_inv.run", "score": "dpo_inv.score", "plot": "dpo_inv.plot"}
+COMMANDS = {
+    "train": "dpo_inv.run",
+    "score": "dpo_inv.score",
+    "plot": "dpo_inv.plot",
+    "sample": "dpo_inv.sample",
+}
 
 
 def main() -> None:

@@ -75,11 +75,31 @@ class Encoding:
     mask: Tensor  # [B, L]
 
 
-def gather_nodes(nodes: Tensor, E_idx: Tensor) -> Tensor:
-    """Node features ``[B, L, C]`` at neighbour indices ``[B, L, K]`` -> ``[B, L, K, C]``."""
-    B, L, K = E_idx.shape
-    flat = E_idx.reshape(B, L * K, 1).expand(-1, -1, nodes.shape[-1])
-    return nodes.gather(1, flat).view(B, L, K, nodes.shape[-1])
+def gather_nodes(nodes: Tensor, index: Tensor) -> Tensor:
+    """Node features ``[B, L, *C]`` at positions ``[B, *I]`` (e.g. neighbours ``[B, L, K]``): ``[B, *I, *C]``.
+
+    ``out[b, ...] = nodes[b, index[b, ...]]``.
+    """
+    flat = nodes.reshape(*nodes.shape[:2], -1)
+    expanded = index.reshape(index.shape[0], -1, 1).expand(-1, -1, flat.shape[-1])
+    return flat.gather(1, expanded).view(*index.shape, *nodes.shape[2:])
+
+
+def gather_sample_nodes(nodes: Tensor, index: Tensor) -> Tensor:
+    """Per-sequence node features ``[B, L, N, *C]`` at positions ``[B, *I, N]`` of each sequence.
+
+    ``out[b, ..., n] = nodes[b, index[b, ..., n], n]``, of shape ``[B, *I, N, *C]``.
+    """
+    B, _, N = nodes.shape[:3]
+    flat = nodes.reshape(*nodes.shape[:3], -1)
+    expanded = index.reshape(B, -1, N, 1).expand(-1, -1, -1, flat.shape[-1])
+    return flat.gather(1, expanded).view(*index.shape, *nodes.shape[3:])
+
+
+def scatter_sample_nodes(nodes: Tensor, index: Tensor, values: Tensor) -> None:
+    """In place, ``nodes[b, index[b, q, n], n] = values[b, q, n]`` for ``nodes [B, L, N, *C]``."""
+    expanded = index.view(*index.shape, *[1] * (nodes.dim() - 3)).expand_as(values)
+    nodes.scatter_(1, expanded, values)
 
 
 def gather_neighbors(values: Tensor, E_idx: Tensor) -> Tensor:
@@ -355,7 +375,7 @@ class DecLayer(nn.Module):
     The first linear layer of the message MLP acts on ``[h_V_i, h_E_ij, h_S_j, h_V_j]`` for neighbours decoded
     before ``i`` and on ``[h_V_i, h_E_ij, 0, h_V_enc_j]`` for the others; it is applied block by block, with
     the structure-only blocks computed once for all N sequences. The last linear layer is applied after the
-    sum over neighbours.
+    sum over neighbours. A subset of positions can be updated alone, for incremental decoding.
     """
 
     def __init__(self, num_hidden: int, num_in: int, dropout: float = 0.1, scale: float = 30.0) -> None:
@@ -371,24 +391,42 @@ class DecLayer(nn.Module):
         self.act = nn.GELU()
         self.dense = PositionWiseFeedForward(num_hidden, num_hidden * 4)
 
-    def forward(self, h_V: Tensor, h_S: Tensor, enc: Encoding, mask_bw: Tensor) -> Tensor:
-        """Update ``h_V [B, L, N, H]`` from the token embeddings ``h_S [B, L, N, H]`` and the encoding.
+    def forward(
+        self, h_V: Tensor, h_S: Tensor, enc: Encoding, mask_bw: Tensor, positions: Tensor | None = None
+    ) -> Tensor:
+        """Update the states ``h_V [B, L, N, H]`` from the token embeddings ``h_S [B, L, N, H]``.
 
-        ``mask_bw [B, L, K, N]`` is 1 where ``i`` is present and sees the token of neighbour ``j``.
+        ``mask_bw [B, L, K, N]`` is 1 where ``i`` is present and sees the token of neighbour ``j``. Returns
+        the new states of all positions, ``[B, L, N, H]``; with ``positions [B, Q, N]``, only those of
+        sequence ``n`` at ``positions[b, q, n]``, ``[B, Q, N, H]`` (a step of incremental decoding).
         """
         H = h_V.shape[-1]
-        W_i, W_e, W_s, W_j = self.W1.weight.split([H, enc.h_E.shape[-1], h_S.shape[-1], H], dim=1)
-        structure = F.linear(enc.h_E, W_e).add_(gather_nodes(F.linear(enc.h_V, W_j), enc.E_idx))
-        structure = structure.mul_(enc.mask[:, :, None, None]).unsqueeze(3)
-        visible = F.linear(h_S, W_s) + F.linear(h_V - enc.h_V.unsqueeze(2), W_j)
-        visible = gather_nodes(visible.flatten(2), enc.E_idx).unflatten(-1, visible.shape[-2:])
-        node_i = F.linear(h_V, W_i, self.W1.bias).unsqueeze(2)
-        pre = torch.addcmul(structure, mask_bw.unsqueeze(-1).to(structure.dtype), visible).add_(node_i)
+        _, W_e, W_s, W_j = self.W1.weight.split([H, enc.h_E.shape[-1], h_S.shape[-1], H], dim=1)
+        if positions is None:
+            structure = F.linear(enc.h_E, W_e).add_(gather_nodes(F.linear(enc.h_V, W_j), enc.E_idx))
+            visible = gather_nodes(F.linear(h_S, W_s) + F.linear(h_V - enc.h_V.unsqueeze(2), W_j), enc.E_idx)
+            pre = torch.addcmul(structure.unsqueeze(3), mask_bw.unsqueeze(-1).to(visible.dtype), visible)
+            return self._update(h_V, pre, enc.mask.unsqueeze(-1))
+        E_idx = gather_nodes(enc.E_idx, positions).transpose(2, 3)  # [B, Q, K, N]
+        seen = mask_bw.gather(1, positions.unsqueeze(2).expand(-1, -1, E_idx.shape[2], -1)).unsqueeze(-1) > 0
+        h_V_j = torch.where(seen, gather_sample_nodes(h_V, E_idx), gather_nodes(enc.h_V, E_idx))
+        h_S_j = gather_sample_nodes(h_S, E_idx) * seen
+        h_E = gather_nodes(enc.h_E, positions).transpose(2, 3)
+        pre = F.linear(h_E, W_e) + F.linear(h_S_j, W_s) + F.linear(h_V_j, W_j)
+        return self._update(gather_sample_nodes(h_V, positions), pre, gather_nodes(enc.mask, positions))
+
+    def _update(self, h_V: Tensor, pre: Tensor, mask: Tensor) -> Tensor:
+        """New states from the states ``h_V [B, Q, N, H]`` and the neighbour blocks of the first linear layer.
+
+        ``pre [B, Q, K, N, H]`` holds ``W1`` without bias applied to ``[0, h_E_ij, h_S_j, h_V_j]`` (to
+        ``[0, h_E_ij, 0, h_V_enc_j]`` for neighbours not seen); ``mask`` is ``[B, Q, N]`` or ``[B, Q, 1]``.
+        """
+        pre = pre.add_(F.linear(h_V, self.W1.weight[:, : h_V.shape[-1]], self.W1.bias).unsqueeze(2))
         hidden = self.act(self.W2(self.act(pre))).sum(2)
-        dh = F.linear(hidden, self.W3.weight, enc.E_idx.shape[-1] * self.W3.bias) / self.scale
+        dh = F.linear(hidden, self.W3.weight, pre.shape[2] * self.W3.bias) / self.scale
         h_V = self.norm1(h_V + self.dropout1(dh))
         h_V = self.norm2(h_V + self.dropout2(self.dense(h_V)))
-        return enc.mask[:, :, None, None] * h_V
+        return mask.unsqueeze(-1) * h_V
 
 
 class ProteinMPNN(PreTrainedModel):

@@ -28,12 +28,14 @@ class Chain:
     `coords` holds N, CA, C, O per residue (NaN where an atom is missing); `positions` counts residues
     from the chain's first one following the author numbering, so a numbering gap is a positional gap
     and insertion codes take one position each, exactly as official ProteinMPNN pads its chains.
+    `numbers` are the author residue numbers with insertion codes, as in the file ("52", "52A").
     """
 
     chain_id: str
     sequence: str
     coords: np.ndarray  # [L, 4, 3] float32
     positions: np.ndarray  # [L] int64
+    numbers: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -87,14 +89,15 @@ def parse_structure(path: str | Path) -> dict[str, Chain]:
 
     chains: dict[str, Chain] = {}
     for chain in model:
-        letters, coords, numbers = [], [], []
+        letters, coords, numbers, labels = [], [], [], []
         for residue in chain:
-            hetflag, resseq, _icode = residue.id
+            hetflag, resseq, icode = residue.id
             if hetflag != " " and residue.get_resname() != "MSE":
                 continue
             letters.append(residue_letter(residue.get_resname()))
             coords.append([residue[a].coord if a in residue else np.full(3, np.nan) for a in BACKBONE_ATOMS])
             numbers.append(resseq)
+            labels.append(f"{resseq}{icode.strip()}")
         if not letters:
             continue
         steps = np.maximum(np.diff(np.asarray(numbers, dtype=np.int64)), 1)
@@ -103,6 +106,7 @@ def parse_structure(path: str | Path) -> dict[str, Chain]:
             sequence="".join(letters),
             coords=np.asarray(coords, dtype=np.float32),
             positions=np.concatenate([[0], np.cumsum(steps)]).astype(np.int64),
+            numbers=tuple(labels),
         )
     if not chains:
         raise StructureError(f"{path}: no protein chains found")

@@ -22,8 +22,10 @@ from dpo_inv.model import (
     available_checkpoints,
     causal_neighbor_mask,
     decoding_ranks,
+    gather_sample_nodes,
     load_model,
     ranks_from_order,
+    scatter_sample_nodes,
     sequence_log_probs,
 )
 from dpo_inv.structure import ALPHABET
@@ -228,6 +230,31 @@ def test_decoding_several_sequences_and_orders_equals_separate_decodes(models, f
     for n in range(2):
         torch.testing.assert_close(batched[:, n], separate[n], atol=1e-5, rtol=0)
     assert torch.equal(ours(model, f, ranks, S=S), batched)
+
+
+def test_decoder_layer_updates_chosen_positions_as_the_full_layer(models, featurize):
+    """Updating every position in a random order per sequence, one query set, equals the full update."""
+    model, _ = models("vanilla/v_48_020")
+    f = featurize(ETE, MR1)
+    (B, L), N, H = f.mask.shape, 3, model.config.hidden_dim
+    generator = torch.Generator().manual_seed(0)
+    ranks = torch.stack([seeded_ranks(f.chain_M, f.mask, n) for n in range(N)], 1)
+    positions = torch.rand(B, L, N, generator=generator).argsort(1)
+    with torch.no_grad():
+        enc = model.encode(f.X, f.mask, f.residue_idx, f.chain_encoding)
+        mask_bw = enc.mask[:, :, None, None] * causal_neighbor_mask(ranks, enc.E_idx)
+        h_S = model.W_s(torch.randint(0, 21, (B, L, N), generator=generator))
+        h_V = torch.randn(B, L, N, H, generator=generator)
+        layer = model.decoder_layers[1]
+        full = layer(h_V, h_S, enc, mask_bw)
+        chosen = layer(h_V, h_S, enc, mask_bw, positions)
+        chosen_pair = layer(h_V, h_S, enc, mask_bw, positions[:, 5:7])
+    torch.testing.assert_close(chosen, gather_sample_nodes(full, positions), atol=TOL, rtol=0)
+    torch.testing.assert_close(chosen_pair, chosen[:, 5:7], atol=TOL, rtol=0)
+    scattered = torch.zeros_like(full)
+    scatter_sample_nodes(scattered, positions, chosen)
+    assert torch.equal(scattered, gather_sample_nodes(chosen, positions.argsort(1)))
+    torch.testing.assert_close(scattered, full, atol=TOL, rtol=0)
 
 
 @pytest.mark.parametrize(

