@@ -9,6 +9,17 @@ from trl import TrlParser
 
 from dpo_inv.loss import LOSS_TYPES
 
+EXIT_INTERRUPTED = 3
+EXIT_NONFINITE = 4
+EPILOG = (
+    f"Exit status: 0 when training finished; {EXIT_INTERRUPTED} when SIGTERM or SIGUSR1 (what PBS and SLURM "
+    "send before the walltime) stopped it at an optimizer step with a checkpoint: run again with "
+    f"--resume_from_checkpoint latest to finish; {EXIT_NONFINITE} when it stopped with a checkpoint after "
+    "max_consecutive_nonfinite steps in a row with a non-finite loss or gradient norm; 1 on an error, "
+    "which each failing rank reports as a last line 'rank R: ...' on stderr. A second signal ends the "
+    "process at once."
+)
+
 
 def _help(text: str, **kwargs) -> dict:
     return {"metadata": {"help": text}, **kwargs}
@@ -99,6 +110,14 @@ class DPOConfig:
     per_device_eval_batch_size: int = field(default=16, **_help("Pairs per device per evaluation batch."))
     gradient_accumulation_steps: int = field(default=1, **_help("Micro-batches per optimizer step."))
     max_grad_norm: float = field(default=1.0, **_help("Gradient clipping norm; 0 = no clipping."))
+    max_consecutive_nonfinite: int = field(
+        default=10,
+        **_help(
+            "An optimizer step whose loss or gradient norm is not finite is skipped (counted in "
+            "skipped_steps); after this many in a row, training stops with a checkpoint (exit status "
+            f"{EXIT_NONFINITE})."
+        ),
+    )
     num_train_epochs: float = field(default=3, **_help("Epochs, when max_steps is not set."))
     max_steps: int = field(default=-1, **_help("Optimizer steps in total; > 0 overrides num_train_epochs."))
     mixed_precision: Literal["no", "fp16", "bf16"] = field(
@@ -117,10 +136,14 @@ class DPOConfig:
         default=None, **_help("Checkpoint every N optimizer steps; default: each epoch.")
     )
     save_total_limit: int | None = field(
-        default=2, **_help("Keep only the newest N checkpoints; None = all.")
+        default=2, **_help("Keep only the newest N checkpoints, the one just saved always; None = all.")
     )
     resume_from_checkpoint: str | None = field(
-        default=None, **_help("latest, or a checkpoint directory, to continue a run exactly.")
+        default=None,
+        **_help(
+            "latest (the newest complete checkpoint in output_dir), or a checkpoint directory, to continue "
+            "a run exactly, e.g. after it stopped on SIGTERM or SIGUSR1."
+        ),
     )
     report_to: list[str] = field(
         default_factory=lambda: ["none"],
@@ -153,6 +176,10 @@ class DPOConfig:
             raise ValueError("reference_free and precompute_ref_log_probs exclude each other")
         if "robust" in self.loss_type and not 0 <= self.label_smoothing < 0.5:
             raise ValueError("robust loss needs 0 <= label_smoothing < 0.5")
+        if self.save_total_limit is not None and self.save_total_limit < 1:
+            raise ValueError("save_total_limit must be at least 1 (or None: keep all)")
+        if self.max_consecutive_nonfinite < 1:
+            raise ValueError("max_consecutive_nonfinite must be at least 1")
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -160,5 +187,5 @@ class DPOConfig:
 
 def parse_config(args: list[str] | None = None) -> DPOConfig:
     """`--config FILE.yaml` plus `--field value` overrides (command line wins)."""
-    (config,) = TrlParser(dataclass_types=[DPOConfig]).parse_args_and_config(args)
+    (config,) = TrlParser(dataclass_types=[DPOConfig], epilog=EPILOG).parse_args_and_config(args)
     return config

@@ -5,11 +5,17 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import os
+import re
 import shutil
+import signal
+import threading
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
 from datetime import timedelta
 from pathlib import Path
+from types import FrameType
 
 import datasets
 import numpy as np
@@ -21,7 +27,7 @@ from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 from transformers import get_scheduler
 
-from dpo_inv.config import DPOConfig
+from dpo_inv.config import EXIT_INTERRUPTED, EXIT_NONFINITE, DPOConfig
 from dpo_inv.data import (
     REFERENCE_COLUMNS,
     LengthGroupedSampler,
@@ -31,13 +37,24 @@ from dpo_inv.data import (
     load_pairs,
 )
 from dpo_inv.launch import device_backend, setup_environment
-from dpo_inv.loss import PairLogps, batch_ranks, pair_logps, preference_loss
+from dpo_inv.loss import PairLogps, batch_ranks, example_seeds, pair_logps, preference_loss
 from dpo_inv.model import ProteinMPNN, load_model
 from dpo_inv.plot import plot
+from dpo_inv.sample import sample_sequences
 
 METRICS = ("loss", "rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins",
            "logps/chosen", "logps/rejected")  # fmt: skip
 STATE_FILE = "trainer_state.json"
+CHECKPOINT_NAME = re.compile(r"step-(\d+)")
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)  # what PBS and SLURM send before the walltime
+
+
+class TrainingStopped(Exception):
+    """Training stopped early after writing a checkpoint; `exit_code` is the exit status to report."""
+
+    def __init__(self, message: str, exit_code: int) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
 
 
 @dataclass
@@ -50,11 +67,50 @@ class TrainerState:
     best_eval_loss: float = math.inf
 
     def save(self, directory: Path) -> None:
-        (directory / STATE_FILE).write_text(json.dumps(self.__dict__, indent=2))
+        """Written last, with the size of every file of the checkpoint: a damaged checkpoint is recognised."""
+        files = {str(p.relative_to(directory)): p.stat().st_size for p in directory.rglob("*") if p.is_file()}
+        (directory / STATE_FILE).write_text(json.dumps({**asdict(self), "files": files}, indent=2))
 
     @classmethod
     def load(cls, directory: Path) -> TrainerState:
-        return cls(**json.loads((directory / STATE_FILE).read_text()))
+        fields = json.loads((directory / STATE_FILE).read_text())
+        del fields["files"]
+        return cls(**fields)
+
+
+class StopSignals:
+    """While entered, SIGTERM or SIGUSR1 asks every rank to stop at the next optimizer step; a second signal
+    ends the process at once (the default action). Handlers are installed from the main thread only."""
+
+    def __init__(self, accelerator: Accelerator) -> None:
+        self.accelerator = accelerator
+        self.received = False
+        self.previous: dict[int, Callable[[int, FrameType | None], object] | int | None] = {}
+
+    def __enter__(self) -> StopSignals:
+        if threading.current_thread() is threading.main_thread():
+            self.previous = {signum: signal.signal(signum, self.handle) for signum in STOP_SIGNALS}
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        for signum, handler in self.previous.items():
+            signal.signal(signum, handler)
+
+    def handle(self, signum: int, frame: FrameType | None) -> None:
+        for other in STOP_SIGNALS:
+            signal.signal(other, signal.SIG_DFL)
+        self.received = True
+        os.write(  # not print: the signal may have interrupted one
+            2,
+            f"rank {self.accelerator.process_index}: received {signal.Signals(signum).name}, stopping after "
+            "this optimizer step with a checkpoint (a second signal ends the process at once)\n".encode(),
+        )
+
+    def received_on_any_rank(self) -> bool:
+        """Collective, called by every rank once per optimizer step: has any rank received a signal?"""
+        if self.received:
+            self.accelerator.set_trigger()
+        return self.accelerator.check_trigger()
 
 
 def split_by_structure(data: PairDataset, fraction: float, seed: int) -> tuple[PairDataset, PairDataset]:
@@ -136,8 +192,9 @@ def step_metrics(config, model, reference, batch, epoch) -> tuple[torch.Tensor, 
 
 
 @torch.no_grad()
-def evaluate(accelerator, config, model, reference, loader) -> dict[str, float]:
-    """Metrics over the whole eval set, every pair counted once across ranks."""
+def evaluate(accelerator, config, model, reference, loader, structures) -> dict[str, float]:
+    """Metrics over the whole eval set, every pair counted once across ranks, and the native sequence
+    recovery of greedy decoding on the eval structures (`structures`: this rank's share, one batch)."""
     model.eval()
     totals, count = torch.zeros(len(METRICS), dtype=torch.float64), 0
     for batch in loader:
@@ -145,38 +202,97 @@ def evaluate(accelerator, config, model, reference, loader) -> dict[str, float]:
         gathered = accelerator.gather_for_metrics(per_pair).double().cpu()
         totals += gathered.sum(0)
         count += len(gathered)
+    recovered = torch.zeros(2, device=accelerator.device)  # recovered, designed residues
+    if structures is not None:
+        batch = {k: v.to(accelerator.device) for k, v in structures.items()}
+        seeds = example_seeds(config.seed, batch["index"], epoch=0)
+        tokens = sample_sequences(accelerator.unwrap_model(model), batch, 1, 0.0, seeds).tokens[:, 0]
+        designed = (batch["decode_mask"] * batch["mask"]) > 0
+        recovered += torch.stack([((tokens == batch["native"]) & designed).sum(), designed.sum()]).float()
+    recovered = accelerator.reduce(recovered, "sum")
     model.train()
-    return {f"eval_{name}": float(value) for name, value in zip(METRICS, totals / count, strict=True)}
+    metrics = {f"eval_{name}": float(value) for name, value in zip(METRICS, totals / count, strict=True)}
+    return {**metrics, "eval_recovery": float(recovered[0] / recovered[1])}
+
+
+def eval_structures(accelerator: Accelerator, data: PairDataset) -> dict[str, torch.Tensor] | None:
+    """One example per distinct eval structure, this rank's share, as one batch (None if it has none)."""
+    _, first = np.unique(np.asarray(data.pairs["structure_id"]), return_index=True)
+    dataset = PreferenceDataset(data)
+    examples = [
+        dataset[int(i)] for i in sorted(first)[accelerator.process_index :: accelerator.num_processes]
+    ]
+    return collate(examples) if examples else None
+
+
+def checkpoint_problem(directory: Path) -> str | None:
+    """Why `directory` is not a complete checkpoint, or None: no readable trainer state, or one of its files
+    missing or of another size than when it was saved."""
+    try:
+        files = json.loads((directory / STATE_FILE).read_text())["files"]
+    except (OSError, ValueError, KeyError) as err:
+        return f"no complete {STATE_FILE} ({err!r})"
+    for name, size in files.items():
+        path = directory / name
+        if not path.is_file():
+            return f"{name} is missing"
+        if path.stat().st_size != size:
+            return f"{name} has {path.stat().st_size} bytes, {size} when saved"
+    return None
 
 
 def find_checkpoint(output_dir: Path, resume_from_checkpoint: str) -> Path:
+    """A given checkpoint directory, which must be complete, or for `latest` the newest complete one."""
     if resume_from_checkpoint != "latest":
         path = Path(resume_from_checkpoint)
-        if not (path / STATE_FILE).is_file():
-            raise FileNotFoundError(f"{path}: not a dpo_inv checkpoint (no {STATE_FILE})")
+        problem = checkpoint_problem(path)
+        if problem is not None:
+            raise FileNotFoundError(f"{path}: not a complete dpo_inv checkpoint: {problem}")
         return path
     checkpoints = sorted_checkpoints(output_dir)
     if not checkpoints:
         raise FileNotFoundError(
-            f"resume_from_checkpoint=latest: no checkpoint in {output_dir / 'checkpoints'}"
+            f"resume_from_checkpoint=latest: no complete checkpoint in {output_dir / 'checkpoints'}"
         )
     return checkpoints[-1]
 
 
 def sorted_checkpoints(output_dir: Path) -> list[Path]:
-    """Complete checkpoints (those with a trainer state) by step, oldest first."""
-    found = [p for p in (output_dir / "checkpoints").glob("step-*") if (p / STATE_FILE).is_file()]
-    return sorted(found, key=lambda p: int(p.name.split("-")[1]))
+    """Complete checkpoints by step, oldest first; partial or damaged ones are passed over."""
+    found = []
+    for path in (output_dir / "checkpoints").glob("step-*"):
+        match = CHECKPOINT_NAME.fullmatch(path.name)
+        if match and checkpoint_problem(path) is None:
+            found.append((int(match[1]), path))
+    return [path for _, path in sorted(found)]
+
+
+def remove_partial_checkpoints(checkpoints: Path) -> None:
+    for partial in checkpoints.glob("*.tmp"):
+        shutil.rmtree(partial)
 
 
 def save_checkpoint(accelerator: Accelerator, config: DPOConfig, state: TrainerState) -> None:
+    """Save checkpoints/step-N atomically: every rank writes its part into step-N.tmp, then rank 0 adds the
+    trainer state and renames it; the newest `save_total_limit` checkpoints, this one always, are kept."""
     output_dir = Path(config.output_dir)
-    directory = output_dir / "checkpoints" / f"step-{state.global_step}"
-    accelerator.save_state(str(directory))
+    checkpoints = output_dir / "checkpoints"
+    directory = checkpoints / f"step-{state.global_step}"
+    partial = checkpoints / f"{directory.name}.tmp"
     if accelerator.is_main_process:
-        state.save(directory)
+        remove_partial_checkpoints(checkpoints)  # left by a save that was killed
+    accelerator.wait_for_everyone()
+    accelerator.save_state(str(partial))
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        state.save(partial)
+        if directory.exists():  # saved before, e.g. by the run this one resumed: swap, then delete
+            directory.rename(checkpoints / f"{directory.name}.old.tmp")
+        partial.rename(directory)
+        remove_partial_checkpoints(checkpoints)
         if config.save_total_limit is not None:
-            for old in sorted_checkpoints(output_dir)[: -config.save_total_limit]:
+            others = [p for p in reversed(sorted_checkpoints(output_dir)) if p != directory]  # newest first
+            for old in others[config.save_total_limit - 1 :]:
                 shutil.rmtree(old)
     accelerator.wait_for_everyone()
 
@@ -203,6 +319,27 @@ def log(accelerator: Accelerator, output_dir: Path, metrics: dict[str, float], s
         with open(output_dir / "metrics.jsonl", "a") as handle:
             handle.write(json.dumps({"step": step, **metrics}) + "\n")
     accelerator.log(metrics, step=step)
+
+
+def interrupted(output_dir: Path, step: int, total_steps: int) -> TrainingStopped:
+    return TrainingStopped(
+        f"Stopped at step {step} of {total_steps} on SIGTERM or SIGUSR1 (the job is near its walltime); "
+        f"checkpoint {output_dir / 'checkpoints' / f'step-{step}'}. To finish, run again with "
+        f"--output_dir {output_dir} --resume_from_checkpoint latest",
+        EXIT_INTERRUPTED,
+    )
+
+
+def diverged(output_dir: Path, step: int, in_a_row: int) -> TrainingStopped:
+    return TrainingStopped(
+        f"Stopped at step {step}: the loss or the gradient norm was not finite in {in_a_row} optimizer steps "
+        f"in a row, which were skipped (the weights are those of step {step - in_a_row}). Usual causes: a "
+        "learning rate too high, a beta too large (too small with ipo), fp16 overflow (use bf16 or no mixed "
+        f"precision). Checkpoint {output_dir / 'checkpoints' / f'step-{step}'}: after changing the "
+        f"configuration, continue with --output_dir {output_dir} --resume_from_checkpoint latest (a resumed "
+        "run keeps its learning-rate schedule; to lower the learning rate, start a new run)",
+        EXIT_NONFINITE,
+    )
 
 
 def train(config: DPOConfig) -> dict[str, float]:
@@ -270,11 +407,12 @@ def train(config: DPOConfig) -> dict[str, float]:
     train_loader = DataLoader(
         train_set, batch_size=config.per_device_train_batch_size, sampler=sampler, **loader_options
     )
-    eval_loader = None
+    eval_loader, recovery_structures = None, None
     if eval_data is not None:
         eval_loader = DataLoader(
             PreferenceDataset(eval_data), batch_size=config.per_device_eval_batch_size, **loader_options
         )
+        recovery_structures = eval_structures(accelerator, eval_data)
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay
     )
@@ -319,81 +457,110 @@ def train(config: DPOConfig) -> dict[str, float]:
         total=total_steps, initial=state.global_step, disable=not accelerator.is_main_process, desc="DPO"
     )
     totals, count, grad_norm = torch.zeros(len(METRICS), dtype=torch.float64), 0, torch.tensor(0.0)
+    finite, skipped, nonfinite_in_a_row = True, 0, 0
+    stop: TrainingStopped | None = None
     last_log = time.perf_counter()
     eval_metrics: dict[str, float] = {}
-    for epoch in range(state.epoch, num_epochs):
-        train_loader.set_epoch(epoch)
-        loader = train_loader
-        if epoch == state.epoch and state.batches_in_epoch:
-            loader = accelerator.skip_first_batches(train_loader, state.batches_in_epoch)
-        else:
-            state.batches_in_epoch = 0
-        state.epoch = epoch
-        for batch in loader:
-            with accelerator.accumulate(model):
-                loss, per_pair = step_metrics(config, model, reference, batch, epoch)
-                accelerator.backward(loss)
-                if accelerator.sync_gradients and config.max_grad_norm > 0:
-                    grad_norm = accelerator.clip_grad_norm_(model.parameters(), config.max_grad_norm)
-                optimizer.step()
-                if accelerator.sync_gradients and not accelerator.optimizer_step_was_skipped:
-                    scheduler.step()
-                optimizer.zero_grad()
-            gathered = accelerator.gather_for_metrics(per_pair).double().cpu()
-            totals += gathered.sum(0)
-            count += len(gathered)
-            if config.log_data_order:
-                record = {"step": state.global_step + 1, "epoch": epoch, "batch": state.batches_in_epoch}
-                record["indices"] = accelerator.gather(batch["index"]).view(accelerator.num_processes, -1)
-                if accelerator.is_main_process:
-                    with open(output_dir / "data_order.jsonl", "a") as handle:
-                        handle.write(json.dumps({**record, "indices": record["indices"].tolist()}) + "\n")
-            state.batches_in_epoch += 1
-            if not accelerator.sync_gradients:
-                continue
+    with StopSignals(accelerator) as signals:
+        for epoch in range(state.epoch, num_epochs):
+            train_loader.set_epoch(epoch)
+            loader = train_loader
+            if epoch == state.epoch and state.batches_in_epoch:
+                loader = accelerator.skip_first_batches(train_loader, state.batches_in_epoch)
+            else:
+                state.batches_in_epoch = 0
+            state.epoch = epoch
+            for batch in loader:
+                with accelerator.accumulate(model):
+                    loss, per_pair = step_metrics(config, model, reference, batch, epoch)
+                    accelerator.backward(loss)
+                    gathered = accelerator.gather_for_metrics(per_pair).double().cpu()
+                    finite &= bool(gathered[:, 0].isfinite().all())  # the losses of all ranks
+                    if accelerator.sync_gradients:
+                        # gradients are all-reduced, losses gathered: every rank takes the same decision
+                        grad_norm = accelerator.clip_grad_norm_(
+                            model.parameters(), config.max_grad_norm or math.inf
+                        )
+                        finite &= bool(grad_norm.isfinite())
+                        if finite:
+                            optimizer.step()
+                            scheduler.step()
+                        elif accelerator.scaler is not None:
+                            accelerator.scaler.update()  # fp16: lower the loss scale, as AMP does on overflow
+                    optimizer.zero_grad()
+                totals += gathered.sum(0)
+                count += len(gathered)
+                if config.log_data_order:
+                    record = {"step": state.global_step + 1, "epoch": epoch, "batch": state.batches_in_epoch}
+                    record["indices"] = accelerator.gather(batch["index"]).view(accelerator.num_processes, -1)
+                    if accelerator.is_main_process:
+                        with open(output_dir / "data_order.jsonl", "a") as handle:
+                            handle.write(json.dumps({**record, "indices": record["indices"].tolist()}) + "\n")
+                state.batches_in_epoch += 1
+                if not accelerator.sync_gradients:
+                    continue
 
-            state.global_step += 1
-            progress.update(1)
-            progress.set_postfix(loss=f"{totals[0] / count:.4f}")
-            if state.global_step % config.logging_steps == 0 or state.global_step == total_steps:
-                now = time.perf_counter()
-                metrics = dict(zip(METRICS, (totals / count).tolist(), strict=True))
-                metrics.update(
-                    grad_norm=float(grad_norm),
-                    learning_rate=scheduler.get_last_lr()[0],
-                    epoch=epoch + state.batches_in_epoch / len(train_loader),
-                    pairs_per_second=count / (now - last_log),
-                )
-                log(accelerator, output_dir, metrics, state.global_step)
-                totals, count, last_log = totals.zero_(), 0, now
-            if eval_loader is not None and (
-                state.global_step % eval_every == 0 or state.global_step == total_steps
-            ):
-                eval_metrics = evaluate(accelerator, config, model, reference, eval_loader)
-                log(accelerator, output_dir, eval_metrics, state.global_step)
-                if accelerator.is_main_process:
-                    progress.write(
-                        f"step {state.global_step}: eval loss {eval_metrics['eval_loss']:.4f}, "
-                        f"reward accuracy {eval_metrics['eval_rewards/accuracies']:.3f}, "
-                        f"margin {eval_metrics['eval_rewards/margins']:.3f}"
+                state.global_step += 1
+                skipped += not finite
+                nonfinite_in_a_row = 0 if finite else nonfinite_in_a_row + 1
+                finite = True
+                signalled = signals.received_on_any_rank()
+                if nonfinite_in_a_row >= config.max_consecutive_nonfinite:
+                    stop = diverged(output_dir, state.global_step, nonfinite_in_a_row)
+                elif signalled and state.global_step < total_steps:
+                    stop = interrupted(output_dir, state.global_step, total_steps)
+                progress.update(1)
+                progress.set_postfix(loss=f"{totals[0] / count:.4f}")
+                if state.global_step % config.logging_steps == 0 or state.global_step == total_steps or stop:
+                    now = time.perf_counter()
+                    metrics = dict(zip(METRICS, (totals / count).tolist(), strict=True))
+                    metrics.update(
+                        grad_norm=float(grad_norm),
+                        skipped_steps=skipped,
+                        learning_rate=scheduler.get_last_lr()[0],
+                        epoch=epoch + state.batches_in_epoch / len(train_loader),
+                        pairs_per_second=count / (now - last_log),
                     )
-                if eval_metrics["eval_loss"] < state.best_eval_loss:
-                    state.best_eval_loss = eval_metrics["eval_loss"]
-                    save_model(accelerator, model, output_dir / "best")
-            if state.global_step % save_every == 0 or state.global_step == total_steps:
-                save_checkpoint(accelerator, config, state)
-            if state.global_step >= total_steps:
+                    log(accelerator, output_dir, metrics, state.global_step)
+                    totals, count, skipped, last_log = totals.zero_(), 0, 0, now
+                if (
+                    eval_loader is not None
+                    and not stop
+                    and (state.global_step % eval_every == 0 or state.global_step == total_steps)
+                ):
+                    eval_metrics = evaluate(
+                        accelerator, config, model, reference, eval_loader, recovery_structures
+                    )
+                    log(accelerator, output_dir, eval_metrics, state.global_step)
+                    if accelerator.is_main_process:
+                        progress.write(
+                            f"step {state.global_step}: eval loss {eval_metrics['eval_loss']:.4f}, "
+                            f"reward accuracy {eval_metrics['eval_rewards/accuracies']:.3f}, "
+                            f"margin {eval_metrics['eval_rewards/margins']:.3f}, "
+                            f"greedy recovery {eval_metrics['eval_recovery']:.3f}"
+                        )
+                    if eval_metrics["eval_loss"] < state.best_eval_loss:
+                        state.best_eval_loss = eval_metrics["eval_loss"]
+                        save_model(accelerator, model, output_dir / "best")
+                if state.global_step % save_every == 0 or state.global_step == total_steps or stop:
+                    save_checkpoint(accelerator, config, state)
+                if stop or state.global_step >= total_steps:
+                    break
+            if stop or state.global_step >= total_steps:
                 break
-        if state.global_step >= total_steps:
-            break
     progress.close()
+    if stop:
+        accelerator.print(stop)
+        accelerator.end_training()
+        raise stop
 
     check_replicas_agree(accelerator, model)
     save_model(accelerator, model, output_dir / "final")
     if eval_metrics:
         accelerator.print(
             f"Done: eval loss {eval_metrics['eval_loss']:.4f}, reward accuracy "
-            f"{eval_metrics['eval_rewards/accuracies']:.3f}; model saved to {output_dir / 'final'}"
+            f"{eval_metrics['eval_rewards/accuracies']:.3f}, greedy recovery "
+            f"{eval_metrics['eval_recovery']:.3f}; model saved to {output_dir / 'final'}"
         )
     else:
         accelerator.print(f"Done: model saved to {output_dir / 'final'}")
