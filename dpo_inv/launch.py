@@ -109,3 +109,20 @@ def device_backend(requested: str | None = None) -> tuple[str, str | None]:
                 ) from err
         return "xpu", "ccl"
     return "cpu", requested or "gloo"
+
+
+def resolve_device(name: str | None) -> torch.device:
+    """The device `name` (cpu, cuda, cuda:1, xpu, ...), or the best available: CUDA, Intel XPU, CPU."""
+    if name is None:
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        if hasattr(torch, "xpu") and torch.xpu.is_available():
+            return torch.device("xpu")
+        return torch.device("cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError as err:
+        raise ValueError(f"--device: {err}") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device {name}: CUDA is not available")
+    return device

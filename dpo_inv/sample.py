@@ -26,6 +26,7 @@ from torch import Tensor
 from transformers import HfArgumentParser
 
 from dpo_inv.data import collate
+from dpo_inv.launch import resolve_device
 from dpo_inv.model import (
     ProteinMPNN,
     causal_neighbor_mask,
@@ -383,19 +384,6 @@ def write_fasta(handle: TextIO, name: str, records: list[dict[str, Any]]) -> Non
             f"|seed={r['seed']}|log_likelihood={r['log_likelihood']:.3f}|recovery={r['recovery']:.3f}\n"
             f"{r['sequence']}\n"
         )
-
-
-def resolve_device(name: str | None) -> torch.device:
-    """``name``, or CUDA when available, else CPU."""
-    if name is None:
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        device = torch.device(name)
-    except RuntimeError as err:
-        raise ValueError(f"--device: {err}") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"--device {name}: CUDA is not available")
-    return device
 
 
 def sample(config: SampleConfig) -> None:

@@ -31,6 +31,7 @@ from dpo_inv.data import (
     load_pairs,
     load_records,
 )
+from dpo_inv.launch import resolve_device
 from dpo_inv.loss import PairLogps, batch_ranks, pair_logps
 from dpo_inv.model import ProteinMPNN, load_model
 from dpo_inv.structure import StructureError
@@ -75,14 +76,6 @@ def spearman(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.corrcoef(ranks(a), ranks(b))[0, 1])
 
 
-def default_device() -> torch.device:
-    if torch.cuda.is_available():
-        return torch.device("cuda")
-    if hasattr(torch, "xpu") and torch.xpu.is_available():
-        return torch.device("xpu")
-    return torch.device("cpu")
-
-
 @torch.no_grad()
 def score_dataset(
     models: list[ProteinMPNN], dataset: PreferenceDataset, config: ScoreConfig, device: torch.device
@@ -111,7 +104,7 @@ def score(config: ScoreConfig) -> dict:
     records, _ = load_records(config.data)
     is_pairs = not ("sequence" in records.column_names and "preferred_seq" not in records.column_names)
     data = load_pairs(config.data, config.cache_dir, fields=PAIR_FIELDS if is_pairs else SEQUENCE_FIELDS)
-    device = torch.device(config.device) if config.device else default_device()
+    device = resolve_device(config.device)
     names = [config.model] + ([config.reference] if config.reference else [])
     models = [load_model(name).to(device).eval() for name in names]
     policy, *reference = score_dataset(models, PreferenceDataset(data), config, device)
