@@ -18,14 +18,12 @@ from torch.utils.data import Dataset as TorchDataset
 from torch.utils.data import Sampler
 from transformers.trainer_pt_utils import get_length_grouped_indices
 
-from dpo_inv.structure import ALPHABET, StructureError, featurize, parse_structure
+from dpo_inv.structure import ALPHABET, StructureError, featurize, parse_structure, tokenize
 
 FEATURES_VERSION = "1"  # bump when the stored structure features change
 FORMATS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
 ALIASES = {"structure": "pdb_file", "chosen": "preferred_seq", "rejected": "unpreferred_seq"}
 SEQUENCE_RE = re.compile(f"^[{ALPHABET}]+$")
-TOKEN = np.full(256, -1, dtype=np.int8)
-TOKEN[np.frombuffer(ALPHABET.encode(), dtype=np.uint8)] = np.arange(len(ALPHABET))
 MAX_REPORTED_ERRORS = 20
 
 
@@ -40,10 +38,6 @@ class PairDataset:
     pairs: datasets.Dataset
     structures: datasets.Dataset
     source: str
-
-
-def tokenize(sequence: str) -> np.ndarray:
-    return TOKEN[np.frombuffer(sequence.encode(), dtype=np.uint8)].astype(np.int64)
 
 
 def _as_list(value: Any) -> list:

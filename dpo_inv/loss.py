@@ -4,11 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
-from dpo_inv.model import decoding_ranks
+from dpo_inv.model import decoding_ranks, derive_seed
 
 LOSS_TYPES = ("sigmoid", "ipo", "hinge", "robust")
 
@@ -33,7 +32,7 @@ class DPOOutput:
 
 def example_seeds(seed: int, indices: torch.Tensor, epoch: int) -> list[int]:
     """A seed per example from (run seed, epoch, example index): orders do not depend on batching or rank."""
-    return [int(np.random.SeedSequence([seed, epoch, int(i)]).generate_state(1)[0]) for i in indices.tolist()]
+    return [derive_seed(seed, epoch, i) for i in indices.tolist()]
 
 
 def batch_ranks(

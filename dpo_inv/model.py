@@ -124,6 +124,11 @@ def ranks_from_order(order: Tensor) -> Tensor:
     return torch.empty_like(order).scatter_(-1, order, steps)
 
 
+def derive_seed(*parts: int) -> int:
+    """A well-mixed 32-bit seed from a tuple of integers (run seed, epoch, example index, ...)."""
+    return int(np.random.SeedSequence(list(parts)).generate_state(1)[0])
+
+
 def decoding_ranks(
     decode_mask: Tensor,
     mask: Tensor,

@@ -31,6 +31,7 @@ from dpo_inv.model import (
     ProteinMPNN,
     causal_neighbor_mask,
     decoding_ranks,
+    derive_seed,
     gather_nodes,
     gather_sample_nodes,
     load_model,
@@ -339,11 +340,6 @@ def prepare_design(
     return Design(path=path, name=structure_name(path), design_chains=design, example=example)
 
 
-def batch_seed(seed: int, batch_index: int) -> int:
-    """The seed of the ``batch_index``-th batch of samples of a structure."""
-    return int(np.random.SeedSequence([seed, batch_index]).generate_state(1)[0])
-
-
 def sample_structure(
     model: ProteinMPNN, design: Design, config: SampleConfig, bias: Tensor
 ) -> list[dict[str, Any]]:
@@ -356,7 +352,7 @@ def sample_structure(
     for k, start in enumerate(range(0, config.num_samples, config.batch_size)):
         n = min(config.batch_size, config.num_samples - start)
         samples = sample_sequences(
-            model, batch, n, config.temperature, [batch_seed(config.seed, k)], config.omit_aas, bias
+            model, batch, n, config.temperature, [derive_seed(config.seed, k)], config.omit_aas, bias
         )
         pairs = zip(samples.tokens[0].cpu(), samples.log_probs[0].cpu(), strict=True)
         for i, (tokens, log_probs) in enumerate(pairs):

@@ -13,6 +13,8 @@ from Bio.PDB import MMCIFParser, PDBParser
 
 AMINO_ACIDS = "ACDEFGHIKLMNPQRSTVWY"
 ALPHABET = AMINO_ACIDS + "X"  # ProteinMPNN token order; X (20) = unknown
+TOKEN = np.full(256, -1, dtype=np.int8)
+TOKEN[np.frombuffer(ALPHABET.encode(), dtype=np.uint8)] = np.arange(len(ALPHABET))
 BACKBONE_ATOMS = ("N", "CA", "C", "O")
 CHAIN_OFFSET = 100  # official ProteinMPNN adds 100 to residue_idx per chain
 
@@ -54,6 +56,11 @@ def residue_letter(resname: str) -> str:
     """One-letter code; modified residues map to their standard parent (MSE -> M), others to X."""
     letter = protein_letters_3to1_extended.get(resname.strip().upper(), "X")
     return letter if letter in AMINO_ACIDS else "X"
+
+
+def tokenize(sequence: str) -> np.ndarray:
+    """Token indices into ALPHABET (-1 for any other character)."""
+    return TOKEN[np.frombuffer(sequence.encode(), dtype=np.uint8)].astype(np.int64)
 
 
 def _open_text(path: Path) -> io.TextIOBase:
@@ -139,7 +146,7 @@ def featurize(
         residue_idx.append(CHAIN_OFFSET * (number - 1) + start + chain.positions)
         chain_encoding.append(np.full(len(chain.sequence), number, dtype=np.int64))
         design_mask.append(np.full(len(chain.sequence), float(chain_id in design_chains), dtype=np.float32))
-        native.append(np.array([ALPHABET.index(a) for a in chain.sequence], dtype=np.int64))
+        native.append(tokenize(chain.sequence))
         start += int(chain.positions[-1]) + 1
     coords = np.concatenate(X)
     mask = np.isfinite(coords).all(axis=(1, 2)).astype(np.float32)
