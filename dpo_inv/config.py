@@ -9,15 +9,17 @@ from trl import TrlParser
 
 from dpo_inv.loss import LOSS_TYPES
 
+EXIT_BAD_INPUT = 2
 EXIT_INTERRUPTED = 3
 EXIT_NONFINITE = 4
 EPILOG = (
-    f"Exit status: 0 when training finished; {EXIT_INTERRUPTED} when SIGTERM or SIGUSR1 (what PBS and SLURM "
-    "send before the walltime) stopped it at an optimizer step with a checkpoint: run again with "
-    f"--resume_from_checkpoint latest to finish; {EXIT_NONFINITE} when it stopped with a checkpoint after "
-    "max_consecutive_nonfinite steps in a row with a non-finite loss or gradient norm; 1 on an error, "
-    "which each failing rank reports as a last line 'rank R: ...' on stderr. A second signal ends the "
-    "process at once."
+    f"Exit status: 0 when training finished; {EXIT_BAD_INPUT} on bad input: a bad option, or bad "
+    "records, each reported on one line naming the file, the record, what is wrong and the fix; "
+    f"{EXIT_INTERRUPTED} when SIGTERM or SIGUSR1 (what PBS and SLURM send before the walltime) stopped it "
+    "at an optimizer step with a checkpoint: run again with --resume_from_checkpoint latest to finish; "
+    f"{EXIT_NONFINITE} when it stopped with a checkpoint after max_consecutive_nonfinite steps in a row "
+    "with a non-finite loss or gradient norm; 1 on another error, which each failing rank reports as a "
+    "last line 'rank R: ...' on stderr. A second signal ends the process at once."
 )
 
 
@@ -59,6 +61,17 @@ class DPOConfig:
     )
     cache_dir: str | None = field(
         default=None, **_help("Cache for parsed structures; default: the datasets cache (HF_DATASETS_CACHE).")
+    )
+    structure_root: list[str] | None = field(
+        default=None,
+        **_help("Folders the structure files must lie in (after resolving links); default: anywhere."),
+    )
+    on_bad_record: Literal["fail", "skip"] = field(
+        default="fail",
+        **_help(
+            "fail: report every bad record (up to 20) and stop before training; skip: leave bad records "
+            "out, listing each with its reason in output_dir/skipped.jsonl."
+        ),
     )
     dataset_num_proc: int | None = field(default=None, **_help("Processes for parsing structures."))
     dataloader_num_workers: int = field(default=0, **_help("DataLoader worker processes per rank."))
@@ -123,6 +136,17 @@ class DPOConfig:
     mixed_precision: Literal["no", "fp16", "bf16"] = field(
         default="no", **_help("Accelerate autocast precision.")
     )
+    torch_compile: bool = field(
+        default=False,
+        **_help(
+            "Compile the policy's encoder and decoder layers with torch.compile (regional compilation, "
+            "dynamic shapes): faster steps after a one-time compilation of a minute or more."
+        ),
+    )
+    torch_compile_backend: str = field(default="inductor", **_help("torch.compile backend."))
+    torch_compile_mode: str | None = field(
+        default=None, **_help("torch.compile mode: default, reduce-overhead, max-autotune, ...")
+    )
     seed: int = field(default=42, **_help("Seed for data order, decoding orders and the eval split."))
     # logging and checkpoints
     output_dir: str = field(
@@ -154,6 +178,7 @@ class DPOConfig:
         default=False,
         **_help("Write the pair indices each rank trained on, per micro-batch, to data_order.jsonl."),
     )
+    debug: bool = field(default=False, **_help("Print the traceback of a bad-input error too."))
     # distributed
     backend: str | None = field(
         default=None,
@@ -186,6 +211,11 @@ class DPOConfig:
 
 
 def parse_config(args: list[str] | None = None) -> DPOConfig:
-    """`--config FILE.yaml` plus `--field value` overrides (command line wins)."""
-    (config,) = TrlParser(dataclass_types=[DPOConfig], epilog=EPILOG).parse_args_and_config(args)
+    """`--config FILE.yaml` plus `--field value` overrides (command line wins); a bad value exits with
+    status 2 and a one-line message, as argparse does."""
+    parser = TrlParser(dataclass_types=[DPOConfig], epilog=EPILOG)
+    try:
+        (config,) = parser.parse_args_and_config(args)
+    except ValueError as err:
+        parser.error(str(err))
     return config

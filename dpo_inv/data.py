@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import csv
 import hashlib
 import json
+import os
 import re
 import shutil
 from collections.abc import Iterator, Sequence
@@ -28,16 +30,43 @@ MAX_REPORTED_ERRORS = 20
 
 
 class DataError(ValueError):
-    """Bad input data; the message names the file, the record and what is wrong."""
+    """Bad input data; each line of the message names the file, the record, what is wrong and the fix."""
+
+
+@dataclass(frozen=True)
+class BadRecord:
+    """A record that cannot be used: where it is (`file:line` or `file record N`) and why, with the fix."""
+
+    location: str
+    reason: str
+    record: dict | None = None  # as read, when it could be read
+
+    def __str__(self) -> str:
+        return f"{self.location}: {self.reason}"
+
+
+@dataclass(frozen=True)
+class Record:
+    """One record of a data file and where it is; `error` says why it could not be read as an object."""
+
+    location: str
+    data: dict | None
+    error: str = ""
 
 
 @dataclass(frozen=True)
 class PairDataset:
-    """Validated pairs plus the features of every distinct (structure, chains) they use."""
+    """Validated pairs plus the features of every distinct (structure, chains) they use.
+
+    `skipped` lists the bad records left out (with `on_bad_record="skip"`); `files` are the cache
+    directories of the two tables, from which other processes load the same data (`load_saved_pairs`).
+    """
 
     pairs: datasets.Dataset
     structures: datasets.Dataset
     source: str
+    skipped: tuple[BadRecord, ...] = ()
+    files: tuple[str, str] | None = None
 
 
 def _as_list(value: Any) -> list:
@@ -52,89 +81,155 @@ def _as_list(value: Any) -> list:
     return list(value)
 
 
-def _record_label(source: Path, index: int, line_numbers: list[int] | None) -> str:
-    if line_numbers is not None:
-        return f"{source}:{line_numbers[index]}"
-    return f"{source} record {index}"
+class _DuplicateKey(ValueError):
+    pass
 
 
-def _json_line_numbers(path: Path) -> list[int]:
-    """Line number of every record in a JSON-lines file, failing on the first malformed line."""
-    numbers = []
-    with open(path, encoding="utf-8", errors="strict") as handle:
-        for number, line in enumerate(handle, start=1):
+def _object(pairs: list[tuple[str, Any]]) -> dict:
+    """`json.loads` hook: a JSON object, refused if a key appears twice (json would keep the last value)."""
+    keys = [key for key, _ in pairs]
+    duplicated = sorted({key for key in keys if keys.count(key) > 1})
+    if duplicated:
+        raise _DuplicateKey(
+            f"duplicate key {', '.join(map(repr, duplicated))} in one object; keep one value per field"
+        )
+    return dict(pairs)
+
+
+def _not_utf8(data: bytes, err: UnicodeDecodeError, where: str) -> str:
+    return f"not UTF-8 text (byte {data[err.start]:#04x} at {where} {err.start + 1}); save the file as UTF-8"
+
+
+def _read_json_lines(path: Path) -> list[Record]:
+    """One record per non-blank line; a line that is not a JSON object is a bad record, not a failure."""
+    records = []
+    with open(path, "rb") as handle:
+        for number, raw in enumerate(handle, start=1):
+            location = f"{path}:{number}"
+            try:
+                line = raw.decode("utf-8-sig" if number == 1 else "utf-8")
+            except UnicodeDecodeError as err:
+                records.append(Record(location, None, _not_utf8(raw, err, "column")))
+                continue
             if not line.strip():
                 continue
             try:
-                record = json.loads(line)
+                data = json.loads(line.rstrip("\r\n"), object_pairs_hook=_object)
+            except _DuplicateKey as err:
+                records.append(Record(location, None, str(err)))
+                continue
             except json.JSONDecodeError as err:
-                raise DataError(
-                    f"{path}:{number}: malformed JSON ({err.msg} at column {err.colno})"
-                ) from None
-            if not isinstance(record, dict):
-                raise DataError(f"{path}:{number}: expected a JSON object, got {type(record).__name__}")
-            numbers.append(number)
-    return numbers
+                records.append(
+                    Record(
+                        location,
+                        None,
+                        f"malformed JSON ({err.msg.removesuffix(' at')} at column {err.colno}); fix the line",
+                    )
+                )
+                continue
+            if not isinstance(data, dict):
+                reason = f"expected a JSON object, got {type(data).__name__}; write one object per line"
+                records.append(Record(location, None, reason))
+                continue
+            records.append(Record(location, data))
+    return records
 
 
-def _check_json_list(path: Path) -> None:
-    """A JSON file holding one list must be a non-empty list of objects."""
+def _read_json_list(path: Path) -> list[Record]:
+    """A JSON file holding one list of objects."""
+    raw = path.read_bytes()
     try:
-        records = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(raw.decode("utf-8-sig"), object_pairs_hook=_object)
+    except UnicodeDecodeError as err:
+        raise DataError(f"{path}: {_not_utf8(raw, err, 'offset')}") from None
+    except _DuplicateKey as err:
+        raise DataError(f"{path}: {err}") from None
     except json.JSONDecodeError as err:
-        raise DataError(f"{path}:{err.lineno}: malformed JSON ({err.msg} at column {err.colno})") from None
-    if not records:
-        raise DataError(f"{path}: empty dataset (no records)")
-    for index, record in enumerate(records):
-        if not isinstance(record, dict):
-            raise DataError(f"{path} record {index}: expected a JSON object, got {type(record).__name__}")
+        raise DataError(
+            f"{path}:{err.lineno}: malformed JSON ({err.msg} at column {err.colno}); fix the file"
+        ) from None
+    if not isinstance(data, list):
+        raise DataError(f"{path}: expected a list of objects, or JSON lines with one object per line")
+    return [
+        Record(f"{path} record {i}", r)
+        if isinstance(r, dict)
+        else Record(f"{path} record {i}", None, f"expected a JSON object, got {type(r).__name__}")
+        for i, r in enumerate(data)
+    ]
 
 
-def _is_json_lines(path: Path) -> bool:
-    if path.suffix == ".jsonl":
-        return True
-    with open(path, "rb") as handle:
-        return handle.read(64).lstrip()[:1] != b"["
+def _read_table(path: Path, builder: str) -> list[Record]:
+    """CSV (with a header line) or Parquet, read with `datasets`."""
+    if builder == "csv":
+        with open(path, "rb") as handle:
+            for number, raw in enumerate(handle, start=1):
+                try:
+                    line = raw.decode("utf-8-sig")
+                except UnicodeDecodeError as err:
+                    raise DataError(f"{path}:{number}: {_not_utf8(raw, err, 'column')}") from None
+                if number == 1:
+                    header = next(csv.reader([line]))
+                    duplicated = sorted({c for c in header if header.count(c) > 1})
+                    if duplicated:
+                        raise DataError(f"{path}:1: duplicate column {', '.join(map(repr, duplicated))}")
+    try:
+        table = datasets.load_dataset(builder, data_files=str(path), split="train")
+    except (datasets.exceptions.DatasetGenerationError, StopIteration, ValueError) as err:
+        raise DataError(f"{path}: cannot read {builder} data ({type(err).__name__}: {err})") from None
+    if builder == "csv":  # the header is line 1
+        return [Record(f"{path}:{i + 2}", row) for i, row in enumerate(table.to_list())]
+    return [Record(f"{path} record {i}", row) for i, row in enumerate(table.to_list())]
 
 
-def load_records(path: str | Path, cache_dir: str | None = None) -> tuple[datasets.Dataset, list[int] | None]:
-    """Load JSON (a list), JSON lines, CSV or Parquet with `datasets`; returns records and line numbers."""
+def load_records(path: str | Path) -> list[Record]:
+    """The records of a JSON lines, JSON (one list), CSV or Parquet file, each with its location.
+
+    A JSON line that cannot be read as an object is returned as a record with an `error`; a file that
+    cannot be read at all raises `DataError`.
+    """
     path = Path(path)
     if not path.is_file():
         raise DataError(f"{path}: data file not found")
     builder = FORMATS.get(path.suffix.lower())
     if builder is None:
         raise DataError(f"{path}: unsupported data format {path.suffix!r} (use {', '.join(FORMATS)})")
-    line_numbers = None
-    try:
-        if builder == "json" and _is_json_lines(path):
-            line_numbers = _json_line_numbers(path)
-        elif builder == "json":
-            _check_json_list(path)
-        if line_numbers == []:
-            raise DataError(f"{path}: empty dataset (no records)")
-        records = datasets.load_dataset(builder, data_files=str(path), split="train", cache_dir=cache_dir)
-    except (UnicodeDecodeError, datasets.exceptions.DatasetGenerationError, StopIteration, ValueError) as err:
-        if isinstance(err, DataError):
-            raise
-        raise DataError(f"{path}: cannot read {builder} data ({type(err).__name__}: {err})") from None
-    if len(records) == 0:
-        raise DataError(f"{path}: empty dataset (no records)")
-    if builder == "csv":
-        line_numbers = [i + 2 for i in range(len(records))]  # header is line 1
-    return records, line_numbers
+    if builder == "json":
+        with open(path, "rb") as handle:
+            is_list = handle.read(64).lstrip(b"\xef\xbb\xbf \t\r\n")[:1] == b"["
+        records = _read_json_list(path) if is_list else _read_json_lines(path)
+    else:
+        records = _read_table(path, builder)
+    if not records:
+        raise DataError(f"{path}: empty dataset (no records); add records or give another file")
+    return records
 
 
-def _structure_key(record: dict, root: Path) -> tuple[str, tuple[str, ...], tuple[str, ...]]:
-    """(resolved structure path, designed chains, fixed chains) of a normalised record."""
-    pdb_file = record["pdb_file"]
-    path = Path(pdb_file) if Path(pdb_file).is_absolute() else root / pdb_file
+def _structure_key(
+    record: dict, root: Path, allowed: Sequence[Path]
+) -> tuple[str, tuple[str, ...], tuple[str, ...]]:
+    """(resolved structure path, designed chains, fixed chains) of a normalised record; a ValueError says
+    why the record names no usable structure file."""
+    pdb_file = record.get("pdb_file")
+    if not isinstance(pdb_file, str) or not pdb_file:
+        raise ValueError("missing required field pdb_file (alias structure): the structure file's path")
+    path = (Path(pdb_file) if Path(pdb_file).is_absolute() else root / pdb_file).resolve()
+    if allowed and not any(path.is_relative_to(folder) for folder in allowed):
+        raise ValueError(
+            f"structure file {path} is outside structure_root ({', '.join(map(str, allowed))}); move it "
+            "there or add its folder to structure_root"
+        )
+    if not path.is_file():
+        raise ValueError(
+            f"structure file not found: {path} (a relative path is relative to the data file's folder)"
+        )
+    if not os.access(path, os.R_OK):
+        raise ValueError(f"structure file not readable: {path} (permission denied)")
     if record.get("chain_id") not in (None, ""):
         design = [str(record["chain_id"])]
     else:
         design = [str(c) for c in _as_list(record.get("design_chains"))]
     fixed = [str(c) for c in _as_list(record.get("fixed_chains"))]
-    return str(path.resolve()), tuple(design), tuple(fixed)
+    return str(path), tuple(design), tuple(fixed)
 
 
 def _normalise(record: dict) -> dict:
@@ -207,16 +302,30 @@ def default_cache_dir() -> Path:
     return Path(datasets.config.HF_DATASETS_CACHE) / "dpo_inv"
 
 
+def _save_atomically(table: datasets.Dataset, target: Path) -> None:
+    """Save to `target` through a temporary folder; a concurrent run that saved it first wins."""
+    tmp = target.with_name(f"{target.name}.{os.getpid()}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    table.save_to_disk(str(tmp))
+    try:
+        tmp.rename(target)
+    except OSError:
+        if not target.is_dir():
+            raise
+        shutil.rmtree(tmp)
+
+
 def build_structures(
     keys: Sequence[tuple[str, tuple[str, ...], tuple[str, ...]]],
     cache_dir: str | Path | None = None,
     num_proc: int | None = None,
-) -> tuple[datasets.Dataset, bool]:
-    """Features of each structure key, parsed once and cached as Arrow; returns (table, loaded_from_cache)."""
+) -> tuple[datasets.Dataset, Path, bool]:
+    """Features of each structure key, parsed once and cached as Arrow; returns (table, its folder,
+    loaded_from_cache). A structure that cannot be used is kept as a row with its `error`."""
     cache_root = Path(cache_dir) if cache_dir else default_cache_dir()
     target = cache_root / f"structures-{_fingerprint(keys)}"
     if target.is_dir():
-        return datasets.load_from_disk(str(target)), True
+        return datasets.load_from_disk(str(target)), target, True
     table = datasets.Dataset.from_dict(
         {
             "path": [k[0] for k in keys],
@@ -230,13 +339,8 @@ def build_structures(
         desc="Parsing structures",
         keep_in_memory=True,
     )
-    if not any(table["error"]):
-        tmp = target.with_name(target.name + ".tmp")
-        shutil.rmtree(tmp, ignore_errors=True)
-        table.save_to_disk(str(tmp))
-        tmp.rename(target)
-        table = datasets.load_from_disk(str(target))
-    return table, False
+    _save_atomically(table, target)
+    return datasets.load_from_disk(str(target)), target, False
 
 
 def _mutable_mask(record: dict, num_designed: int) -> np.ndarray:
@@ -260,20 +364,34 @@ def _mutable_mask(record: dict, num_designed: int) -> np.ndarray:
 
 def _check_sequence(name: str, seq: Any, expected: int, pdb: str, chains: tuple[str, ...]) -> np.ndarray:
     if not isinstance(seq, str) or not seq:
-        raise ValueError(f"missing required field {name}")
+        alias = {v: k for k, v in ALIASES.items()}.get(name)
+        raise ValueError(f"missing required field {name}" + (f" (alias {alias})" if alias else ""))
     bad = sorted(set(seq) - set(ALPHABET))
     if bad:
-        raise ValueError(f"{name} has letters outside the 20 amino acids + X: {''.join(bad)!r}")
+        raise ValueError(
+            f"{name} has characters outside the 20 amino acids + X: {''.join(bad)!r}; write upper-case "
+            "one-letter codes"
+        )
     if len(seq) != expected:
         raise ValueError(
-            f"{name} has length {len(seq)} but designed chains {list(chains)} of {pdb} "
-            f"have {expected} residues"
+            f"{name} has length {len(seq)} but designed chains {list(chains)} of {pdb} have {expected} "
+            "residues; give one letter per residue of the designed chains, in chain order"
         )
     return tokenize(seq)
 
 
 PAIR_FIELDS = ("preferred_seq", "unpreferred_seq")
 SEQUENCE_FIELDS = ("sequence", "wildtype_seq")  # a sequences file; wildtype_seq is optional
+ON_BAD_RECORD = ("fail", "skip")
+PAIR_FEATURES = datasets.Features(
+    {
+        "structure_id": datasets.Value("int32"),
+        "chosen": datasets.Sequence(datasets.Value("int8")),
+        "rejected": datasets.Sequence(datasets.Value("int8")),
+        "mutable": datasets.Sequence(datasets.Value("int8")),
+        "weight": datasets.Value("float32"),
+    }
+)
 
 
 def load_pairs(
@@ -281,80 +399,102 @@ def load_pairs(
     cache_dir: str | Path | None = None,
     num_proc: int | None = None,
     fields: tuple[str, str] = PAIR_FIELDS,
+    structure_roots: Sequence[str | Path] = (),
+    on_bad_record: str = "fail",
 ) -> PairDataset:
-    """Load and validate a preference file; all bad records are reported together in one `DataError`.
+    """Load and validate a preference file. Every record is checked; with `on_bad_record="fail"` all bad
+    records are reported together in one `DataError`, with `"skip"` they are left out and listed in
+    `skipped`. With `structure_roots`, structure files must lie in one of these folders.
 
     `fields` name the two sequences of a record (stored as `chosen` and `rejected`); with
     `SEQUENCE_FIELDS` a sequences file loads the same way, a missing `wildtype_seq` meaning the sequence.
     """
+    if on_bad_record not in ON_BAD_RECORD:
+        raise ValueError(f"on_bad_record must be one of {ON_BAD_RECORD}, got {on_bad_record!r}")
     path = Path(path)
-    records, line_numbers = load_records(path)
+    records = load_records(path)
     root = path.resolve().parent
-    errors: list[str] = []
+    allowed = [Path(folder).resolve() for folder in structure_roots]
+    bad: dict[int, BadRecord] = {}
     keys: dict[tuple[str, tuple[str, ...], tuple[str, ...]], int] = {}
-    record_keys: list[int] = []
-    normalised = [_normalise(r) for r in records]
-    for index, record in enumerate(normalised):
-        label = _record_label(path, index, line_numbers)
-        pdb_file = record.get("pdb_file")
-        if not isinstance(pdb_file, str) or not pdb_file:
-            errors.append(f"{label}: missing required field pdb_file (alias structure)")
-            record_keys.append(-1)
+    usable: list[tuple[int, dict, int]] = []  # (record number, normalised record, structure id)
+    for number, record in enumerate(records):
+        if record.data is None:
+            bad[number] = BadRecord(record.location, record.error)
             continue
-        key = _structure_key(record, root)
-        if not Path(key[0]).is_file():
-            errors.append(f"{label}: structure file not found: {key[0]}")
-            record_keys.append(-1)
+        data = _normalise(record.data)
+        try:
+            key = _structure_key(data, root, allowed)
+        except ValueError as err:
+            bad[number] = BadRecord(record.location, str(err), record.data)
             continue
-        record_keys.append(keys.setdefault(key, len(keys)))
-    if errors:
-        _raise(errors)
+        usable.append((number, data, keys.setdefault(key, len(keys))))
 
-    structures, _ = build_structures(list(keys), cache_dir=cache_dir, num_proc=num_proc)
-    structure_errors = structures["error"]
-    num_designed = structures["num_designed"]
-    design_chains = structures["design_chains"]
-
-    columns: dict[str, list] = {"structure_id": [], "chosen": [], "rejected": [], "mutable": [], "weight": []}
-    for index, (record, sid) in enumerate(zip(normalised, record_keys, strict=True)):
-        label = _record_label(path, index, line_numbers)
+    structures, structures_dir = None, None
+    if keys:
+        structures, structures_dir, _ = build_structures(list(keys), cache_dir=cache_dir, num_proc=num_proc)
+        structure_errors = structures["error"]
+        num_designed = structures["num_designed"]
+        design_chains = structures["design_chains"]
+    columns: dict[str, list] = {name: [] for name in PAIR_FEATURES}
+    for number, data, sid in usable:
+        location = records[number].location
         if structure_errors[sid]:
-            errors.append(f"{label}: {structure_errors[sid]}")
+            bad[number] = BadRecord(location, structure_errors[sid], records[number].data)
             continue
-        pdb, chains = record["pdb_file"], tuple(design_chains[sid])
+        pdb, chains = data["pdb_file"], tuple(design_chains[sid])
         try:
             first, second = fields
-            if fields == SEQUENCE_FIELDS and record.get(second) is None:
+            if fields == SEQUENCE_FIELDS and data.get(second) is None:
                 second = first
-            chosen = _check_sequence(first, record.get(first), num_designed[sid], pdb, chains)
-            rejected = _check_sequence(second, record.get(second), num_designed[sid], pdb, chains)
-            mutable = _mutable_mask(record, num_designed[sid])
-            weight = float(record["weight"]) if record.get("weight") is not None else 1.0
+            chosen = _check_sequence(first, data.get(first), num_designed[sid], pdb, chains)
+            rejected = _check_sequence(second, data.get(second), num_designed[sid], pdb, chains)
+            mutable = _mutable_mask(data, num_designed[sid])
+            weight = float(data["weight"]) if data.get("weight") is not None else 1.0
             if not np.isfinite(weight) or weight < 0:
-                raise ValueError(f"weight must be a finite number >= 0, got {record['weight']!r}")
+                raise ValueError(f"weight must be a finite number >= 0, got {data['weight']!r}")
         except (ValueError, TypeError) as err:
-            errors.append(f"{label}: {err}")
+            bad[number] = BadRecord(location, str(err), records[number].data)
             continue
         columns["structure_id"].append(sid)
         columns["chosen"].append(chosen)
         columns["rejected"].append(rejected)
         columns["mutable"].append(mutable)
         columns["weight"].append(weight)
-    if errors:
-        _raise(errors)
-    pairs = datasets.Dataset.from_dict(
-        columns,
-        features=datasets.Features(
-            {
-                "structure_id": datasets.Value("int32"),
-                "chosen": datasets.Sequence(datasets.Value("int8")),
-                "rejected": datasets.Sequence(datasets.Value("int8")),
-                "mutable": datasets.Sequence(datasets.Value("int8")),
-                "weight": datasets.Value("float32"),
-            }
-        ),
+    skipped = tuple(bad[number] for number in sorted(bad))
+    if skipped and on_bad_record == "fail":
+        _raise([str(b) for b in skipped])
+    if not columns["structure_id"]:
+        _raise([*map(str, skipped), f"{path}: no usable record among {len(records)}; fix the records above"])
+
+    # saved beside the structures, under a name that changes with the data file and the options
+    digest = hashlib.sha256(
+        json.dumps(
+            [FEATURES_VERSION, structures_dir.name, str(path.resolve()), path.stat().st_size,
+             path.stat().st_mtime_ns, fields, [str(a) for a in allowed], on_bad_record]
+        ).encode()
+    ).hexdigest()[:20]  # fmt: skip
+    pairs_dir = structures_dir.parent / f"pairs-{digest}"
+    if not pairs_dir.is_dir():
+        _save_atomically(datasets.Dataset.from_dict(columns, features=PAIR_FEATURES), pairs_dir)
+    return PairDataset(
+        pairs=datasets.load_from_disk(str(pairs_dir)),
+        structures=structures,
+        source=str(path),
+        skipped=skipped,
+        files=(str(pairs_dir), str(structures_dir)),
     )
-    return PairDataset(pairs=pairs, structures=structures, source=str(path))
+
+
+def load_saved_pairs(files: tuple[str, str], source: str) -> PairDataset:
+    """The pairs another process has loaded and validated (its `PairDataset.files`)."""
+    pairs_dir, structures_dir = files
+    return PairDataset(
+        pairs=datasets.load_from_disk(pairs_dir),
+        structures=datasets.load_from_disk(structures_dir),
+        source=source,
+        files=files,
+    )
 
 
 def _raise(errors: list[str]) -> None:

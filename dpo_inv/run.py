@@ -7,16 +7,34 @@ import os
 import sys
 import traceback
 
-from dpo_inv.config import parse_config
+import torch
+
+from dpo_inv.config import EXIT_BAD_INPUT, parse_config
+from dpo_inv.data import DataError
 from dpo_inv.train import TrainingStopped, train
+
+
+def leave_process_group() -> None:
+    """On a stop that every rank takes together: wait until all have said what they had to say (rank 0
+    may be printing why), then leave the process group, so that the exit does not abort in its threads."""
+    if torch.distributed.is_initialized():
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
 
 
 def main(args: list[str] | None = None) -> None:
     config = parse_config(args)
     try:
         train(config)
-    except TrainingStopped as stopped:  # rank 0 has said why and how to resume
+    except TrainingStopped as stopped:  # rank 0 has said why, and how to go on
+        leave_process_group()
         sys.exit(stopped.exit_code)
+    except DataError as err:  # one line per bad record, each naming the file, the record and the fix
+        if config.debug:
+            traceback.print_exc()
+        print(err, file=sys.stderr)
+        leave_process_group()
+        sys.exit(EXIT_BAD_INPUT)
     except Exception as err:
         # under a launcher the ranks share one output: the rank that failed first names the cause
         traceback.print_exc()

@@ -101,15 +101,15 @@ def score_dataset(
 
 def score(config: ScoreConfig) -> dict:
     """Score every record of `config.data`, write `config.output`, return the summary."""
-    records, _ = load_records(config.data)
-    is_pairs = not ("sequence" in records.column_names and "preferred_seq" not in records.column_names)
+    rows = [record.data or {} for record in load_records(config.data)]
+    columns = {name for row in rows for name in row}
+    is_pairs = not ("sequence" in columns and "preferred_seq" not in columns)
     data = load_pairs(config.data, config.cache_dir, fields=PAIR_FIELDS if is_pairs else SEQUENCE_FIELDS)
     device = resolve_device(config.device)
     names = [config.model] + ([config.reference] if config.reference else [])
     models = [load_model(name).to(device).eval() for name in names]
     policy, *reference = score_dataset(models, PreferenceDataset(data), config, device)
 
-    rows = records.to_list()
     summary: dict = {"count": len(rows), "model": config.model, "reference": config.reference}
     if is_pairs:
         for i, row in enumerate(rows):
@@ -128,7 +128,7 @@ def score(config: ScoreConfig) -> dict:
         summary.update(accuracy=float((margin > 0).float().mean()), mean_margin=float(margin.mean()))
         summary["accuracy_by"] = "reward" if reference else "logp"
     else:
-        has_wildtype = "wildtype_seq" in records.column_names
+        has_wildtype = "wildtype_seq" in columns
         delta = policy.chosen - policy.rejected
         for i, row in enumerate(rows):
             row.update(
@@ -137,7 +137,7 @@ def score(config: ScoreConfig) -> dict:
             )
             if has_wildtype and row.get("wildtype_seq"):
                 row["delta_logp"] = float(delta[i])
-        if "label" in records.column_names:
+        if "label" in columns:
             key = "delta_logp" if has_wildtype else "logp"
             labelled = [
                 (row[key], row["label"]) for row in rows if row.get("label") is not None and key in row

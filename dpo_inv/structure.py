@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import io
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -64,9 +65,20 @@ def tokenize(sequence: str) -> np.ndarray:
 
 
 def _open_text(path: Path) -> io.TextIOBase:
-    if path.suffix == ".gz":
-        return io.TextIOWrapper(gzip.open(path), encoding="utf-8")
-    return open(path, encoding="utf-8")
+    """Text of a plain or gzipped file, recognised by its first bytes, not by its name."""
+    with open(path, "rb") as handle:
+        gzipped = handle.read(2) == b"\x1f\x8b"
+    return io.TextIOWrapper(gzip.open(path) if gzipped else open(path, "rb"), encoding="utf-8")
+
+
+def _first_undecodable_line(path: Path) -> int:
+    with _open_text(path) as handle:
+        for number, line in enumerate(handle.buffer, start=1):
+            try:
+                line.decode("utf-8")
+            except UnicodeDecodeError:
+                return number
+    return 0
 
 
 def _is_mmcif(path: Path) -> bool:
@@ -84,15 +96,39 @@ def parse_structure(path: str | Path) -> dict[str, Chain]:
     path = Path(path)
     if not path.is_file():
         raise StructureError(f"{path}: structure file not found")
-    parser = MMCIFParser(QUIET=True) if _is_mmcif(path) else PDBParser(QUIET=True)
+    mmcif = _is_mmcif(path)
+    parser = MMCIFParser(QUIET=True) if mmcif else PDBParser(QUIET=True)
     try:
         with _open_text(path) as handle:
             structure = parser.get_structure(path.name, handle)
         model = next(iter(structure))
     except StopIteration:
-        raise StructureError(f"{path}: no atomic coordinates found") from None
-    except (ValueError, KeyError, IndexError, OSError, UnicodeDecodeError) as err:
-        raise StructureError(f"{path}: cannot parse structure ({type(err).__name__}: {err})") from None
+        raise StructureError(
+            f"{path}: no atomic coordinates found (no ATOM records); replace it with the complete "
+            "structure file"
+        ) from None
+    except KeyError as err:  # an mmCIF file without its _atom_site table
+        raise StructureError(
+            f"{path}: no atomic coordinates found (mmCIF field {err.args[0]} missing); replace it with the "
+            "complete structure file"
+        ) from None
+    except UnicodeDecodeError:
+        raise StructureError(
+            f"{path}: not UTF-8 text (line {_first_undecodable_line(path)}); give a PDB or mmCIF text file, "
+            "plain or gzipped"
+        ) from None
+    except (EOFError, OSError, zlib.error) as err:
+        raise StructureError(
+            f"{path}: cannot read the file ({err}); replace it with a complete copy"
+        ) from None
+    except (ValueError, IndexError) as err:
+        if str(err) == "Empty file.":
+            raise StructureError(f"{path}: empty file; replace it with the complete structure file") from None
+        where = "" if mmcif else f" at line {parser.structure_builder.line_counter}"
+        raise StructureError(
+            f"{path}: malformed or truncated {'mmCIF' if mmcif else 'PDB'} file{where} "
+            f"({type(err).__name__}: {err}); replace it with the complete structure file"
+        ) from None
 
     chains: dict[str, Chain] = {}
     for chain in model:
@@ -116,7 +152,7 @@ def parse_structure(path: str | Path) -> dict[str, Chain]:
             numbers=tuple(labels),
         )
     if not chains:
-        raise StructureError(f"{path}: no protein chains found")
+        raise StructureError(f"{path}: no protein chains found (no ATOM records); give a protein structure")
     return chains
 
 
@@ -130,7 +166,8 @@ def featurize(
     for chain_id in [*design_chains, *fixed_chains]:
         if chain_id not in chains:
             raise StructureError(
-                f"{path}: chain {chain_id!r} not found (chains present: {', '.join(chains)})"
+                f"{path}: chain {chain_id!r} not found (chains present: {', '.join(chains)}); "
+                "fix chain_id, design_chains or fixed_chains"
             )
     if not design_chains:
         raise StructureError(f"{path}: no chain to design")
@@ -152,7 +189,8 @@ def featurize(
     mask = np.isfinite(coords).all(axis=(1, 2)).astype(np.float32)
     if not mask[np.concatenate(design_mask) > 0].any():
         raise StructureError(
-            f"{path}: designed chains {design_chains} have no residue with all backbone atoms"
+            f"{path}: designed chains {design_chains} have no residue with all four backbone atoms "
+            "(N, CA, C, O); give a full-backbone model of them"
         )
     return Features(
         X=np.nan_to_num(coords, nan=0.0),

@@ -22,19 +22,21 @@ import numpy as np
 import torch
 import yaml
 from accelerate import Accelerator
-from accelerate.utils import InitProcessGroupKwargs, set_seed
+from accelerate.utils import InitProcessGroupKwargs, TorchDynamoPlugin, broadcast_object_list, set_seed
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 from transformers import get_scheduler
 
-from dpo_inv.config import EXIT_INTERRUPTED, EXIT_NONFINITE, DPOConfig
+from dpo_inv.config import EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_NONFINITE, DPOConfig
 from dpo_inv.data import (
     REFERENCE_COLUMNS,
+    DataError,
     LengthGroupedSampler,
     PairDataset,
     PreferenceDataset,
     collate,
     load_pairs,
+    load_saved_pairs,
 )
 from dpo_inv.launch import device_backend, setup_environment
 from dpo_inv.loss import PairLogps, batch_ranks, example_seeds, pair_logps, preference_loss
@@ -50,7 +52,7 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)  # what PBS and SLURM send befor
 
 
 class TrainingStopped(Exception):
-    """Training stopped early after writing a checkpoint; `exit_code` is the exit status to report."""
+    """Training ended early and rank 0 has said why; `exit_code` is the exit status to report."""
 
     def __init__(self, message: str, exit_code: int) -> None:
         super().__init__(message)
@@ -119,12 +121,80 @@ def split_by_structure(data: PairDataset, fraction: float, seed: int) -> tuple[P
     unique = np.unique(structure_ids)
     num_eval = max(1, round(fraction * len(unique)))
     if num_eval >= len(unique):
-        raise ValueError(f"eval_split={fraction} leaves no training structure out of {len(unique)}")
+        raise DataError(
+            f"{data.source}: eval_split={fraction} leaves no training structure out of {len(unique)}; lower "
+            "eval_split or give an eval_file"
+        )
     held_out = np.random.default_rng(seed).choice(unique, size=num_eval, replace=False)
     is_eval = np.isin(structure_ids, held_out)
     train = PairDataset(data.pairs.select(np.flatnonzero(~is_eval)), data.structures, data.source)
     evaluation = PairDataset(data.pairs.select(np.flatnonzero(is_eval)), data.structures, data.source)
     return train, evaluation
+
+
+def load_data(accelerator: Accelerator, config: DPOConfig) -> tuple[PairDataset, PairDataset | None]:
+    """Rank 0 validates the data files and parses their structures into the Arrow cache, before training;
+    the other ranks then read its result from there. Bad input stops every rank, rank 0 reporting it."""
+    names = [config.train_file, *([config.eval_file] if config.eval_file else [])]
+    options = {"structure_roots": config.structure_root or (), "on_bad_record": config.on_bad_record}
+    loaded: list[PairDataset] = []
+    failure: Exception | None = None
+    if accelerator.is_main_process:
+        try:
+            loaded = validate(config, names, options)
+        except Exception as err:  # raised below, once the other ranks know
+            failure = err
+    outcome: list | int = [data.files for data in loaded]  # the cache folders of the validated data,
+    if failure is not None:  # or the exit status of the other ranks
+        outcome = EXIT_BAD_INPUT if isinstance(failure, DataError) else 1
+    (outcome,) = broadcast_object_list([outcome])
+    if failure is not None:
+        raise failure
+    if isinstance(outcome, int):
+        raise TrainingStopped("rank 0 could not load the data", outcome)
+    if not accelerator.is_main_process:
+        loaded = [load_saved_pairs(files, name) for files, name in zip(outcome, names, strict=True)]
+    else:
+        write_skipped(accelerator, config, loaded)
+    if len(loaded) == 2:
+        return loaded[0], loaded[1]
+    if config.eval_split > 0:
+        return split_by_structure(loaded[0], config.eval_split, config.seed)
+    return loaded[0], None
+
+
+def validate(config: DPOConfig, names: list[str], options: dict) -> list[PairDataset]:
+    """Load and check every data file; one `DataError` reports the bad records of all of them."""
+    loaded, errors = [], []
+    for name in names:
+        try:
+            loaded.append(load_pairs(name, config.cache_dir, config.dataset_num_proc, **options))
+        except DataError as err:
+            errors.append(str(err))
+    if not errors and len(loaded) == 1 and config.eval_split > 0:
+        try:  # here, on rank 0 alone, rather than on every rank later
+            split_by_structure(loaded[0], config.eval_split, config.seed)
+        except DataError as err:
+            errors.append(str(err))
+    if errors:
+        raise DataError("\n".join(errors))
+    return loaded
+
+
+def write_skipped(accelerator: Accelerator, config: DPOConfig, loaded: list[PairDataset]) -> None:
+    """With on_bad_record=skip: list the records left out, with their reasons, in skipped.jsonl."""
+    skipped = [record for data in loaded for record in data.skipped]
+    if not skipped:
+        return
+    output_dir = Path(config.output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    with open(output_dir / "skipped.jsonl", "w") as handle:
+        for record in skipped:
+            handle.write(json.dumps(asdict(record), default=str) + "\n")
+    accelerator.print(
+        f"Skipped {len(skipped)} bad record(s) of {', '.join(data.source for data in loaded)}; each is "
+        f"listed with its reason in {output_dir / 'skipped.jsonl'}"
+    )
 
 
 @torch.no_grad()
@@ -206,7 +276,9 @@ def evaluate(accelerator, config, model, reference, loader, structures) -> dict[
     if structures is not None:
         batch = {k: v.to(accelerator.device) for k, v in structures.items()}
         seeds = example_seeds(config.seed, batch["index"], epoch=0)
-        tokens = sample_sequences(accelerator.unwrap_model(model), batch, 1, 0.0, seeds).tokens[:, 0]
+        tokens = sample_sequences(
+            accelerator.unwrap_model(model, keep_torch_compile=False), batch, 1, 0.0, seeds
+        ).tokens[:, 0]
         designed = (batch["decode_mask"] * batch["mask"]) > 0
         recovered += torch.stack([((tokens == batch["native"]) & designed).sum(), designed.sum()]).float()
     recovered = accelerator.reduce(recovered, "sum")
@@ -241,8 +313,9 @@ def checkpoint_problem(directory: Path) -> str | None:
     return None
 
 
-def find_checkpoint(output_dir: Path, resume_from_checkpoint: str) -> Path:
-    """A given checkpoint directory, which must be complete, or for `latest` the newest complete one."""
+def find_checkpoint(output_dir: Path, resume_from_checkpoint: str) -> Path | None:
+    """A given checkpoint directory, which must be complete, or for `latest` the newest complete one (None
+    when the run has not saved any yet, so that a job script can always pass `latest`)."""
     if resume_from_checkpoint != "latest":
         path = Path(resume_from_checkpoint)
         problem = checkpoint_problem(path)
@@ -250,11 +323,14 @@ def find_checkpoint(output_dir: Path, resume_from_checkpoint: str) -> Path:
             raise FileNotFoundError(f"{path}: not a complete dpo_inv checkpoint: {problem}")
         return path
     checkpoints = sorted_checkpoints(output_dir)
-    if not checkpoints:
+    if checkpoints:
+        return checkpoints[-1]
+    if list((output_dir / "checkpoints").glob("step-*")):
         raise FileNotFoundError(
-            f"resume_from_checkpoint=latest: no complete checkpoint in {output_dir / 'checkpoints'}"
+            f"resume_from_checkpoint=latest: no complete checkpoint in {output_dir / 'checkpoints'}, only "
+            "damaged ones; give a checkpoint directory, or another output_dir to start anew"
         )
-    return checkpoints[-1]
+    return None
 
 
 def sorted_checkpoints(output_dir: Path) -> list[Path]:
@@ -298,7 +374,7 @@ def save_checkpoint(accelerator: Accelerator, config: DPOConfig, state: TrainerS
 
 
 def save_model(accelerator: Accelerator, model: torch.nn.Module, directory: Path) -> None:
-    accelerator.unwrap_model(model).save_pretrained(
+    accelerator.unwrap_model(model, keep_torch_compile=False).save_pretrained(
         directory, is_main_process=accelerator.is_main_process, save_function=accelerator.save
     )
     accelerator.wait_for_everyone()
@@ -306,7 +382,10 @@ def save_model(accelerator: Accelerator, model: torch.nn.Module, directory: Path
 
 def check_replicas_agree(accelerator: Accelerator, model: torch.nn.Module) -> None:
     """Every rank must hold the same parameters after training; a broken process group shows here."""
-    params = [p.detach().double().sum() for p in accelerator.unwrap_model(model).parameters()]
+    params = [
+        p.detach().double().sum()
+        for p in accelerator.unwrap_model(model, keep_torch_compile=False).parameters()
+    ]
     sums = accelerator.gather(torch.stack(params).unsqueeze(0).to(accelerator.device)).cpu()
     if not torch.equal(sums, sums[:1].expand_as(sums)):
         raise RuntimeError("parameters differ between ranks after training: gradients were not synchronised")
@@ -354,6 +433,12 @@ def train(config: DPOConfig) -> dict[str, float]:
             mixed_precision=config.mixed_precision,
             log_with=None if config.report_to == ["none"] else config.report_to,
             project_dir=str(output_dir),
+            dynamo_plugin=TorchDynamoPlugin(
+                backend=config.torch_compile_backend if config.torch_compile else "no",
+                mode=config.torch_compile_mode,
+                dynamic=True,  # batch size and length vary from batch to batch
+                use_regional_compilation=True,  # compile one encoder and one decoder layer, reuse them
+            ),
             kwargs_handlers=[
                 InitProcessGroupKwargs(backend=backend, timeout=timedelta(seconds=config.ddp_timeout))
             ],
@@ -373,15 +458,7 @@ def train(config: DPOConfig) -> dict[str, float]:
     if not accelerator.is_main_process:
         datasets.disable_progress_bars()
 
-    # data: parsed once by rank 0, read from the Arrow cache by the others
-    with accelerator.main_process_first():
-        train_data = load_pairs(config.train_file, config.cache_dir, config.dataset_num_proc)
-        if config.eval_file:
-            eval_data = load_pairs(config.eval_file, config.cache_dir, config.dataset_num_proc)
-        elif config.eval_split > 0:
-            train_data, eval_data = split_by_structure(train_data, config.eval_split, config.seed)
-        else:
-            eval_data = None
+    train_data, eval_data = load_data(accelerator, config)
 
     # models: the reference is frozen, in eval mode, never wrapped for DDP
     overrides = {"augment_eps": config.backbone_noise, **({"dropout": 0.0} if config.disable_dropout else {})}
@@ -438,9 +515,12 @@ def train(config: DPOConfig) -> dict[str, float]:
     state = TrainerState()
     if config.resume_from_checkpoint:
         checkpoint = find_checkpoint(output_dir, config.resume_from_checkpoint)
-        accelerator.load_state(str(checkpoint))
-        state = TrainerState.load(checkpoint)
-        accelerator.print(f"Resumed from {checkpoint} at step {state.global_step}")
+        if checkpoint is None:
+            accelerator.print(f"No checkpoint in {output_dir / 'checkpoints'} yet: starting from step 0")
+        else:
+            accelerator.load_state(str(checkpoint))
+            state = TrainerState.load(checkpoint)
+            accelerator.print(f"Resumed from {checkpoint} at step {state.global_step}")
     if accelerator.is_main_process:
         output_dir.mkdir(parents=True, exist_ok=True)
         (output_dir / "config.yaml").write_text(yaml.safe_dump(config.to_dict(), sort_keys=False))

@@ -66,15 +66,15 @@ def test_cache_is_reused_and_invalidated_by_a_changed_file(tmp_path, cache_dir, 
     structure = tmp_path / "2xcjA.pdb.gz"
     shutil.copy(STRUCTURES / "2xcjA.pdb.gz", structure)
     keys = [(str(structure), ("A",), ())]
-    first, cached = build_structures(keys, cache_dir)
+    first, folder, cached = build_structures(keys, cache_dir)
     assert not cached and len(parse_count) == 1
-    again, cached = build_structures(keys, cache_dir)
-    assert cached and len(parse_count) == 1
+    again, again_folder, cached = build_structures(keys, cache_dir)
+    assert cached and len(parse_count) == 1 and again_folder == folder
     assert again["X"] == first["X"]
     stat = structure.stat()
     os.utime(structure, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
-    _, cached = build_structures(keys, cache_dir)
-    assert not cached and len(parse_count) == 2
+    _, changed_folder, cached = build_structures(keys, cache_dir)
+    assert not cached and len(parse_count) == 2 and changed_folder != folder
 
 
 def test_formats_give_identical_pairs(tmp_path, cache_dir):
@@ -178,49 +178,73 @@ def test_wrong_length_names_record_file_chains_and_lengths(tmp_path, cache_dir):
     message = bad(tmp_path, [row, {**row, "unpreferred_seq": row["unpreferred_seq"][:-3]}], cache_dir)
     assert message == (
         f"{tmp_path / 'bad.jsonl'}:2: unpreferred_seq has length 149 but designed chains ['F'] of "
-        f"{row['pdb_file']} have 152 residues"
+        f"{row['pdb_file']} have 152 residues; give one letter per residue of the designed chains, in chain "
+        "order"
     )
 
 
-def test_missing_file_unknown_chain_bad_letters_missing_field(tmp_path, cache_dir):
+def test_every_kind_of_bad_record_is_reported_together(tmp_path, cache_dir):
     row = absolute(records()[:1])[0]
     rows = [
         {**row, "pdb_file": str(tmp_path / "absent.pdb")},
         {**row, "chain_id": "Z"},
         {**row, "preferred_seq": row["preferred_seq"][:-1] + "B"},
-        {**row, "preferred_seq": row["preferred_seq"].lower()},
         {k: v for k, v in row.items() if k != "unpreferred_seq"},
         {**row, "mutable_positions": [200]},
+        {**row, "weight": -1},
+        row,
     ]
     lines = bad(tmp_path, rows, cache_dir).splitlines()
-    assert lines[0] == f"{tmp_path / 'bad.jsonl'}:1: structure file not found: {tmp_path / 'absent.pdb'}"
-    assert len(lines) == 1  # missing files are reported before any parsing
-    lines = bad(tmp_path, rows[1:], cache_dir).splitlines()
-    assert len(lines) == 5
-    assert (
-        lines[0] == f"{tmp_path / 'bad.jsonl'}:1: {row['pdb_file']}: chain 'Z' not found (chains present: F)"
-    )
-    assert lines[1].endswith(":2: preferred_seq has letters outside the 20 amino acids + X: 'B'")
-    assert ":3: preferred_seq has letters outside the 20 amino acids + X" in lines[2]
-    assert lines[3].endswith(":4: missing required field unpreferred_seq")
-    assert lines[4].endswith(":5: mutable position 200 outside the designed sequence (0..151)")
+    file = tmp_path / "bad.jsonl"
+    assert lines == [
+        f"{file}:1: structure file not found: {tmp_path / 'absent.pdb'} (a relative path is relative to the "
+        "data file's folder)",
+        f"{file}:2: {row['pdb_file']}: chain 'Z' not found (chains present: F); fix chain_id, design_chains "
+        "or fixed_chains",
+        f"{file}:3: preferred_seq has characters outside the 20 amino acids + X: 'B'; write upper-case "
+        "one-letter codes",
+        f"{file}:4: missing required field unpreferred_seq (alias rejected)",
+        f"{file}:5: mutable position 200 outside the designed sequence (0..151)",
+        f"{file}:6: weight must be a finite number >= 0, got -1",
+    ]
 
 
-def test_malformed_line_and_empty_dataset(tmp_path, cache_dir):
+def test_malformed_lines_and_empty_datasets(tmp_path, cache_dir):
     row = json.dumps(absolute(records()[:1])[0])
     path = tmp_path / "broken.jsonl"
-    path.write_text(f'{row}\n\n{row}\n{{"pdb_file": \n')
-    with pytest.raises(DataError, match=r"broken\.jsonl:4: malformed JSON"):
+    path.write_text(f'{row}\n\n{row}\n{{"pdb_file": \n[1, 2]\n')
+    with pytest.raises(DataError) as err:
         load_pairs(path, cache_dir=cache_dir)
-    path.write_text(f"{row}\n[1, 2]\n")
-    with pytest.raises(DataError, match=r"broken\.jsonl:2: expected a JSON object, got list"):
-        load_pairs(path, cache_dir=cache_dir)
-    for name, text in (("empty.jsonl", ""), ("empty.json", "[]"), ("blank.jsonl", "\n\n")):
+    assert str(err.value).splitlines() == [
+        f"{path}:4: malformed JSON (Expecting value at column 14); fix the line",
+        f"{path}:5: expected a JSON object, got list; write one object per line",
+    ]
+    for name, text in (("empty.jsonl", ""), ("empty.json", "[]"), ("blank.jsonl", "\n\n"), ("empty.csv", "")):
         (tmp_path / name).write_text(text)
-        with pytest.raises(DataError, match=rf"{name}: empty dataset \(no records\)"):
+        with pytest.raises(DataError, match=rf"{name}: (empty dataset \(no records\)|cannot read csv)"):
             load_pairs(tmp_path / name, cache_dir=cache_dir)
     with pytest.raises(DataError, match=r"absent\.jsonl: data file not found"):
         load_pairs(tmp_path / "absent.jsonl", cache_dir=cache_dir)
+
+
+def test_json_list_and_csv_problems_name_the_record_or_line(tmp_path, cache_dir):
+    row = absolute(records()[:1])[0]
+    path = tmp_path / "pairs.json"
+    path.write_text(json.dumps([row, "not an object", {**row, "preferred_seq": "ACD"}]))
+    with pytest.raises(DataError) as err:
+        load_pairs(path, cache_dir=cache_dir)
+    assert str(err.value).splitlines()[0] == f"{path} record 1: expected a JSON object, got str"
+    assert str(err.value).splitlines()[1].startswith(f"{path} record 2: preferred_seq has length 3")
+    path.write_text(json.dumps([row]).replace('"chain_id"', '"pdb_file": "x.pdb", "chain_id"'))
+    with pytest.raises(DataError, match=rf"^{path}: duplicate key 'pdb_file' in one object"):
+        load_pairs(path, cache_dir=cache_dir)
+    csv = tmp_path / "pairs.csv"
+    csv.write_text("pdb_file,preferred_seq,preferred_seq\na.pdb,A,A\n")
+    with pytest.raises(DataError, match=rf"^{csv}:1: duplicate column 'preferred_seq'$"):
+        load_pairs(csv, cache_dir=cache_dir)
+    csv.write_bytes(b"pdb_file,preferred_seq,unpreferred_seq\na.pdb,A,A\nb\xff.pdb,A,A\n")
+    with pytest.raises(DataError, match=rf"^{csv}:3: not UTF-8 text \(byte 0xff at column 2\)"):
+        load_pairs(csv, cache_dir=cache_dir)
 
 
 def test_many_bad_records_are_reported_together_up_to_a_limit(tmp_path, cache_dir):

@@ -21,7 +21,7 @@ from test_distributed import free_port
 from test_train import env, metrics, run, small_pairs, weights
 
 from dpo_inv.config import EXIT_INTERRUPTED, EXIT_NONFINITE
-from dpo_inv.model import load_model
+from dpo_inv.model import _packaged_weights_dir, load_model
 from dpo_inv.train import checkpoint_problem, find_checkpoint, sorted_checkpoints
 
 PY = sys.executable
@@ -236,20 +236,23 @@ def test_nonfinite_steps_are_skipped_counted_and_stop_the_run(tmp_path, start, n
 
 
 def test_a_rank_that_fails_ends_the_job_with_its_message(tmp_path, start):
-    """Rank 1 runs where the training file is not (as on a node without the data): the job ends at once."""
+    """Rank 1 runs where the model file is not (as on a node without it): the job ends at once."""
     nodes = tmp_path / "nodes"
     (nodes / "node1").mkdir(parents=True)
     (nodes / "node0").mkdir()
-    shutil.copy(small_pairs(tmp_path), nodes / "node0" / "pairs.jsonl")
+    shutil.copy(
+        _packaged_weights_dir() / "vanilla_model_weights" / "v_48_020.pt", nodes / "node0" / "model.pt"
+    )
     in_node_dir = f'cd "$0/node$LOCAL_RANK" && exec {PY} -m dpo_inv.run "$@"'
     output = tmp_path / "out"
     began = time.monotonic()
-    process = start(output, "--train_file", "pairs.jsonl", "--max_steps", "4", *ARGS, "--ddp_timeout", "60",
+    process = start(output, "--train_file", str(small_pairs(tmp_path)), "--model_name_or_path", "model.pt",
+                    "--max_steps", "4", *ARGS, "--ddp_timeout", "60",
                     command=(*torchrun("--no-python"), "sh", "-c", in_node_dir, str(nodes)),
                     extra_env={"PYTHONPATH": str(ROOT)})  # fmt: skip
     assert process.wait(timeout=120) != 0
     assert time.monotonic() - began < 60
-    assert "rank 1: DataError: pairs.jsonl: data file not found" in output_of(output)
+    assert "rank 1: FileNotFoundError: cannot load ProteinMPNN from 'model.pt'" in output_of(output)
 
 
 def test_a_rank_that_stops_responding_ends_the_job_within_ddp_timeout(tmp_path, start):
@@ -264,3 +267,19 @@ def test_a_rank_that_stops_responding_ends_the_job_within_ddp_timeout(tmp_path, 
     assert time.monotonic() - stopped < 10 + 10
     rank0 = output_of(tmp_path / "rank0")
     assert "rank 0: RuntimeError: " in rank0 and "Timed out waiting 10000ms" in rank0
+
+
+def test_resume_latest_starts_a_new_run_then_resumes_it(tmp_path):
+    """A job script may pass --resume_from_checkpoint latest on every submission, the first one included."""
+    output = tmp_path / "out"
+    args = ("--train_file", str(small_pairs(tmp_path)), "--output_dir", str(output),
+            "--resume_from_checkpoint", "latest", *ARGS, "--save_steps", "1")  # fmt: skip
+    first = run(tmp_path, *args, "--max_steps", "2")
+    assert f"No checkpoint in {output / 'checkpoints'} yet: starting from step 0" in first.stdout
+    second = run(tmp_path, *args, "--max_steps", "3")
+    assert f"Resumed from {output / 'checkpoints' / 'step-2'} at step 2" in second.stdout
+    assert [m["step"] for m in metrics(output)] == [1, 2, 3]
+    shutil.rmtree(output / "checkpoints" / "step-2")
+    (output / "checkpoints" / "step-3" / "trainer_state.json").unlink()  # only a damaged one is left
+    with pytest.raises(FileNotFoundError, match="only damaged ones; give a checkpoint directory"):
+        find_checkpoint(output, "latest")

@@ -1,0 +1,180 @@
+"""The bad-input corpus (tests/data/bad): each bad record is reported in one line naming the file, the
+record, what is wrong and the fix; training exits with status 2, without a traceback unless --debug;
+`--on_bad_record skip` trains on the rest and lists what it left out."""
+
+import json
+import re
+import signal
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from conftest import ROOT
+from test_distributed import free_port
+from test_train import env, metrics
+
+from dpo_inv.config import EXIT_BAD_INPUT
+from dpo_inv.data import DataError, load_pairs
+
+BAD = ROOT / "tests" / "data" / "bad"
+STRUCTURES = BAD / "structures"
+ROOT_OPTION = ("--structure_root", str(STRUCTURES))
+TRAIN = (sys.executable, "-m", "dpo_inv.run")
+QUICK = (
+    "--eval_split",
+    "0",
+    "--max_steps",
+    "1",
+    "--per_device_train_batch_size",
+    "2",
+    "--logging_steps",
+    "1",
+)
+# each file's second line (the first is a good record) and what its one-line report says
+CASES = {
+    "truncated_pdb": f"{STRUCTURES / 'truncated.pdb'}: malformed or truncated PDB file at line 333 "
+    "(IndexError: string index out of range); replace it with the complete structure file",
+    "empty_structure": f"{STRUCTURES / 'empty.pdb'}: empty file; replace it with the complete structure file",
+    "no_coordinates": f"{STRUCTURES / 'no_coordinates.cif'}: no atomic coordinates found (mmCIF field "
+    "_atom_site.id missing); replace it with the complete structure file",
+    "chain_absent": f"{STRUCTURES / '2xcjA.pdb.gz'}: chain 'B' not found (chains present: A); fix chain_id, "
+    "design_chains or fixed_chains",
+    "backbone_missing": f"{STRUCTURES / 'backbone_missing.pdb'}: designed chains ['A'] have no residue with "
+    "all four backbone atoms (N, CA, C, O); give a full-backbone model of them",
+    "lowercase_sequence": "preferred_seq has characters outside the 20 amino acids + X: "
+    "'adefgiklmnpqrstvwy'; write upper-case one-letter codes",
+    "digits_in_sequence": "unpreferred_seq has characters outside the 20 amino acids + X: '12'; write "
+    "upper-case one-letter codes",
+    "wrong_length": "preferred_seq has length 83 but designed chains ['A'] of structures/2xcjA.pdb.gz have "
+    "84 residues; give one letter per residue of the designed chains, in chain order",
+    "duplicate_keys": "duplicate key 'chain_id' in one object; keep one value per field",
+    "not_utf8_data": "not UTF-8 text (byte 0xe9 at column 282); save the file as UTF-8",
+    "not_utf8_structure": f"{STRUCTURES / 'not_utf8.pdb'}: not UTF-8 text (line 1); give a PDB or mmCIF "
+    "text file, plain or gzipped",
+    "not_an_object": "expected a JSON object, got list; write one object per line",
+    "malformed_json": "malformed JSON (Unterminated string starting at column 182); fix the line",
+    "missing_field": "missing required field unpreferred_seq (alias rejected)",
+    "outside_root": f"structure file {ROOT / 'data' / 'structures' / '2xcjA.pdb.gz'} is outside "
+    f"structure_root ({STRUCTURES}); move it there or add its folder to structure_root",
+}
+# a file with no record at all has no line to name
+EMPTY = (BAD / "empty_data.jsonl", f"{BAD / 'empty_data.jsonl'}: empty dataset (no records); add records "
+         "or give another file")  # fmt: skip
+
+
+def expected(case: str) -> str:
+    return f"{BAD / case}.jsonl:2: {CASES[case]}"
+
+
+def options(case: str) -> tuple[str, ...]:
+    return ROOT_OPTION if case == "outside_root" else ()
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_each_bad_record_is_one_line_naming_file_record_problem_and_fix(case, cache_dir):
+    roots = [STRUCTURES] if case == "outside_root" else ()
+    with pytest.raises(DataError) as err:
+        load_pairs(BAD / f"{case}.jsonl", cache_dir, structure_roots=roots)
+    assert str(err.value) == expected(case)
+    # skipped instead, the good first record remains
+    data = load_pairs(BAD / f"{case}.jsonl", cache_dir, structure_roots=roots, on_bad_record="skip")
+    assert len(data.pairs) == 1 and [str(bad) for bad in data.skipped] == [expected(case)]
+
+
+def test_the_outside_record_is_fine_without_structure_root(cache_dir):
+    assert len(load_pairs(BAD / "outside_root.jsonl", cache_dir).pairs) == 2
+
+
+def test_an_empty_data_file(cache_dir):
+    path, message = EMPTY
+    with pytest.raises(DataError, match="^" + message.replace("(", r"\(").replace(")", r"\)") + "$"):
+        load_pairs(path, cache_dir, on_bad_record="skip")
+
+
+def any_column(line: str) -> str:
+    return re.sub(r"column \d+", "column N", line)  # the longer absolute paths move the columns
+
+
+def combined(tmp_path: Path) -> tuple[Path, list[str]]:
+    """Every case file in one (structure paths made absolute): 15 bad and 15 good records."""
+    lines, bad = [], []
+    for case in CASES:
+        raw = (BAD / f"{case}.jsonl").read_bytes().replace(b'"structures/', f'"{STRUCTURES}/'.encode())
+        raw = raw.replace(b'"../../../data/', f'"{ROOT / "data"}/'.encode())
+        lines += raw.splitlines(keepends=True)
+        bad.append(CASES[case].replace("of structures/", f"of {STRUCTURES}/"))
+    path = tmp_path / "all.jsonl"
+    path.write_bytes(b"".join(lines))
+    return path, bad
+
+
+def test_all_bad_records_are_reported_at_once(tmp_path, cache_dir):
+    path, bad = combined(tmp_path)
+    with pytest.raises(DataError) as err:
+        load_pairs(path, cache_dir, structure_roots=[STRUCTURES])
+    assert [any_column(line) for line in str(err.value).splitlines()] == [
+        any_column(f"{path}:{2 * i + 2}: {reason}") for i, reason in enumerate(bad)
+    ]
+
+
+def train(tmp_path: Path, *args: str, command: tuple[str, ...] = TRAIN) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [*command, "--cache_dir", str(tmp_path / "cache"), "--output_dir", str(tmp_path / "out"), *QUICK,
+         *args],
+        cwd=ROOT, env={**env(tmp_path), "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+
+
+def test_training_on_each_bad_file_exits_2_with_its_line_and_no_traceback(tmp_path):
+    runs = {case: (str(BAD / f"{case}.jsonl"), *options(case)) for case in CASES}
+    runs["empty_data"] = (str(EMPTY[0]),)
+    runs["debug"] = (str(BAD / "wrong_length.jsonl"), "--debug")
+    with ThreadPoolExecutor(4) as pool:
+        results = dict(zip(runs, pool.map(
+            lambda item: train(tmp_path / item[0], "--train_file", *item[1]), runs.items()
+        ), strict=True))  # fmt: skip
+    for case, result in results.items():
+        assert result.returncode == EXIT_BAD_INPUT, (case, result.stderr[-2000:])
+        last = result.stderr.strip().splitlines()[-1]
+        assert last == (
+            EMPTY[1] if case == "empty_data" else expected("wrong_length" if case == "debug" else case)
+        )
+        assert ("Traceback" in result.stderr) == (case == "debug"), case
+        assert not (tmp_path / case / "out" / "checkpoints").exists()
+
+
+def test_a_bad_option_exits_2_with_one_line(tmp_path):
+    result = train(tmp_path, "--loss_type", "sigmod")
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1].endswith("error: loss_type ['sigmod'] unknown; choose from "
+                                                           "sigmoid, ipo, hinge, robust")  # fmt: skip
+    assert "Traceback" not in result.stderr
+
+
+def test_skip_trains_on_the_good_records_and_lists_the_bad_ones(tmp_path):
+    path, bad = combined(tmp_path)
+    result = train(tmp_path, "--train_file", str(path), "--on_bad_record", "skip", *ROOT_OPTION)
+    assert result.returncode == 0, result.stderr[-3000:]
+    skipped = [json.loads(line) for line in (tmp_path / "out" / "skipped.jsonl").read_text().splitlines()]
+    assert [(s["location"], any_column(s["reason"])) for s in skipped] == [
+        (f"{path}:{2 * i + 2}", any_column(reason)) for i, reason in enumerate(bad)
+    ]
+    assert skipped[0]["record"]["pdb_file"] == str(STRUCTURES / "truncated.pdb")
+    assert skipped[list(CASES).index("not_utf8_data")]["record"] is None  # an unreadable line
+    assert f"Skipped {len(bad)} bad record(s) of {path}" in result.stdout
+    assert "15 training pairs" in result.stdout and metrics(tmp_path / "out")[-1]["step"] == 1
+
+
+def test_bad_input_on_two_ranks_is_reported_once_by_rank_0(tmp_path):
+    torchrun = (sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
+                free_port(), "-m", "dpo_inv.run")  # fmt: skip
+    result = train(tmp_path, "--train_file", str(BAD / "wrong_length.jsonl"), command=torchrun)
+    assert result.returncode != 0
+    output = result.stdout + result.stderr
+    assert output.count(expected("wrong_length")) == 1
+    # rank 0 ends with status 2, rank 1 too unless torchrun has ended it first
+    exit_codes = set(re.findall(r"exitcode\s*: (-?\d+)", output))
+    assert str(EXIT_BAD_INPUT) in exit_codes and exit_codes <= {str(EXIT_BAD_INPUT), str(-signal.SIGTERM)}
+    assert 'dpo_inv/train.py", line' not in output  # torchrun prints its own traceback, the ranks none
