@@ -155,3 +155,20 @@ def test_precomputed_reference_log_probs_give_the_same_training(tmp_path):
         for key in a:
             if key != "pairs_per_second":
                 assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-6), key
+
+
+def test_torch_compile_trains_as_eager_and_saves_plain_models(tmp_path):
+    """The trainer's regional torch.compile: the same losses and weights, and saved models without the
+    compiler's wrappers in their parameter names."""
+    args = ("--train_file", str(small_pairs(tmp_path, limit=4)), "--eval_split", "0", "--max_steps", "2",
+            "--per_device_train_batch_size", "2", "--learning_rate", "3e-4", "--warmup_steps", "0",
+            "--logging_steps", "1")  # fmt: skip
+    run(tmp_path, *args, "--output_dir", str(tmp_path / "eager"))
+    run(tmp_path, *args, "--output_dir", str(tmp_path / "compiled"), "--torch_compile")
+    for a, b in zip(metrics(tmp_path / "eager"), metrics(tmp_path / "compiled"), strict=True):
+        assert b["loss"] == pytest.approx(a["loss"], abs=1e-5)
+        assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-4)
+    eager, compiled = weights(tmp_path / "eager" / "final"), weights(tmp_path / "compiled" / "final")
+    assert compiled.keys() == eager.keys() == load_model("vanilla/v_48_020").state_dict().keys()
+    for key in eager:
+        torch.testing.assert_close(compiled[key], eager[key], atol=1e-5, rtol=1e-4)
