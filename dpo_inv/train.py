@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass
 from datetime import timedelta
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 import datasets
 import numpy as np
@@ -421,9 +422,9 @@ def diverged(output_dir: Path, step: int, in_a_row: int) -> TrainingStopped:
     )
 
 
-def train(config: DPOConfig) -> dict[str, float]:
-    """Run DPO; returns the final eval metrics (empty without an eval set)."""
-    output_dir = Path(config.output_dir)
+def build_accelerator(config: DPOConfig, **options: Any) -> tuple[Accelerator, str]:
+    """The Accelerator for the launch environment (process group, backend, precision, compilation) and a
+    description of the set-up; `options` go to the Accelerator (trackers, project folder)."""
     launch = setup_environment()
     device_type, backend = device_backend(config.backend) if launch.world_size > 1 else (None, None)
     try:
@@ -431,8 +432,6 @@ def train(config: DPOConfig) -> dict[str, float]:
             cpu=device_type == "cpu",
             gradient_accumulation_steps=config.gradient_accumulation_steps,
             mixed_precision=config.mixed_precision,
-            log_with=None if config.report_to == ["none"] else config.report_to,
-            project_dir=str(output_dir),
             dynamo_plugin=TorchDynamoPlugin(
                 backend=config.torch_compile_backend if config.torch_compile else "no",
                 mode=config.torch_compile_mode,
@@ -442,6 +441,7 @@ def train(config: DPOConfig) -> dict[str, float]:
             kwargs_handlers=[
                 InitProcessGroupKwargs(backend=backend, timeout=timedelta(seconds=config.ddp_timeout))
             ],
+            **options,
         )
     except torch.distributed.DistError as err:
         raise ConnectionError(
@@ -454,19 +454,36 @@ def train(config: DPOConfig) -> dict[str, float]:
             f"{launch.launcher} started {launch.world_size} processes but Accelerate runs "
             f"{accelerator.num_processes} on {device_type} with {backend}; it cannot use that backend here"
         )
+    return accelerator, f"{backend or 'no'} backend, {launch.launcher} launch"
+
+
+def load_models(config: DPOConfig, device: torch.device) -> tuple[ProteinMPNN, ProteinMPNN | None]:
+    """The policy, and the reference (None when reference-free): frozen, in eval mode, on `device`, never
+    wrapped for DDP."""
+    overrides = {"augment_eps": config.backbone_noise, **({"dropout": 0.0} if config.disable_dropout else {})}
+    model = load_model(config.model_name_or_path, **overrides)
+    reference = None
+    if not config.reference_free:
+        reference = load_model(config.ref_model_name_or_path or config.model_name_or_path, augment_eps=0.0)
+        reference.to(device).eval().requires_grad_(False)
+    return model, reference
+
+
+def train(config: DPOConfig) -> dict[str, float]:
+    """Run DPO; returns the final eval metrics (empty without an eval set)."""
+    output_dir = Path(config.output_dir)
+    accelerator, setup = build_accelerator(
+        config,
+        log_with=None if config.report_to == ["none"] else config.report_to,
+        project_dir=str(output_dir),
+    )
     set_seed(config.seed)
     if not accelerator.is_main_process:
         datasets.disable_progress_bars()
 
     train_data, eval_data = load_data(accelerator, config)
 
-    # models: the reference is frozen, in eval mode, never wrapped for DDP
-    overrides = {"augment_eps": config.backbone_noise, **({"dropout": 0.0} if config.disable_dropout else {})}
-    model = load_model(config.model_name_or_path, **overrides)
-    reference = None
-    if not config.reference_free:
-        reference = load_model(config.ref_model_name_or_path or config.model_name_or_path, augment_eps=0.0)
-        reference.to(accelerator.device).eval().requires_grad_(False)
+    model, reference = load_models(config, accelerator.device)
     if config.precompute_ref_log_probs:
         train_data = precompute_reference(accelerator, reference, train_data, config)
         if eval_data is not None:
@@ -527,8 +544,8 @@ def train(config: DPOConfig) -> dict[str, float]:
     accelerator.init_trackers(config.run_name, config=config.to_dict())
     accelerator.print(
         f"{len(train_set)} training pairs, {0 if eval_data is None else len(eval_data.pairs)} eval pairs; "
-        f"{accelerator.num_processes} process(es) on {accelerator.device} ({backend or 'no'} backend, "
-        f"{launch.launcher} launch); batch {config.per_device_train_batch_size} per device, global batch "
+        f"{accelerator.num_processes} process(es) on {accelerator.device} ({setup}); batch "
+        f"{config.per_device_train_batch_size} per device, global batch "
         f"{global_batch * config.gradient_accumulation_steps}; {total_steps} optimizer steps"
     )
 
