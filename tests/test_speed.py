@@ -1,0 +1,312 @@
+"""Each speed optimisation of the training step leaves the loss what the plain path gives, on real pairs:
+bf16 autocast, DataLoader workers, torch.compile, length bucketing, one encoder pass per pair and model,
+precomputed reference log-probs, cached structure features, the O(L*K) autoregressive mask.
+
+Accelerators come from the trainer's own `build_accelerator`. Covered elsewhere (see docs/benchmarks.md):
+the neighbour-space mask equals official ProteinMPNN's L x L permutation mask (test_model), decoding several
+sequences and orders against one encoding equals separate decodes (test_model), the length-grouped sampler
+reduces padding (test_data), precomputed reference log-probs and torch.compile give the same training run
+(test_train).
+"""
+
+import copy
+import math
+from dataclasses import replace
+
+import pytest
+import torch
+from accelerate.state import AcceleratorState
+from conftest import SHARED_DATA
+from test_train import small_pairs
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.data import DataLoader
+
+import dpo_inv.data
+import dpo_inv.structure
+from dpo_inv.config import DPOConfig
+from dpo_inv.data import LengthGroupedSampler, PreferenceDataset, collate, load_pairs
+from dpo_inv.loss import batch_ranks, pair_logps
+from dpo_inv.model import ProteinMPNN, load_model
+from dpo_inv.train import build_accelerator, precompute_reference, step_metrics
+
+POLICY, REFERENCE = "vanilla/v_48_020", "vanilla/v_48_010"  # different weights: a loss that is not log 2
+CONFIG = DPOConfig(model_name_or_path=POLICY, ref_model_name_or_path=REFERENCE)
+LOGPS = slice(5, 7)  # logps/chosen, logps/rejected in step_metrics' per-pair metrics
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    """16 real pairs on two ~85-residue chains (2xcjA, 1lpbA)."""
+    folder = tmp_path_factory.mktemp("speed")
+    return load_pairs(small_pairs(folder), cache_dir=folder / "cache")
+
+
+@pytest.fixture(scope="module")
+def policy() -> ProteinMPNN:
+    return load_model(POLICY, dropout=0.0).train()
+
+
+@pytest.fixture(scope="module")
+def reference() -> ProteinMPNN:
+    return load_model(REFERENCE).eval().requires_grad_(False)
+
+
+@pytest.fixture
+def accelerator_for():
+    """The trainer's Accelerator for a configuration. Accelerate keeps one state per process: each is built
+    from scratch, and the state is cleared afterwards."""
+
+    def build(config: DPOConfig):
+        AcceleratorState._reset_state(reset_partial_state=True)
+        return build_accelerator(config)[0]
+
+    yield build
+    AcceleratorState._reset_state(reset_partial_state=True)
+
+
+def batch_of(data, indices) -> dict[str, torch.Tensor]:
+    dataset = PreferenceDataset(data)
+    return collate([dataset[i] for i in indices])
+
+
+def train_step(accelerator, policy, reference, batch, dtypes=None):
+    """One training micro-batch as dpo_inv.train runs it, on a copy of the policy prepared by `accelerator`;
+    returns (loss, per-pair metrics, flat gradient). `dtypes` collects the output layer's dtype."""
+    model = accelerator.prepare(copy.deepcopy(policy))
+    if dtypes is not None:
+        model.W_out.register_forward_hook(lambda module, args, out: dtypes.append(out.dtype))
+    loss, per_pair = step_metrics(CONFIG, model, reference, batch, epoch=0)
+    accelerator.backward(loss)
+    return loss.detach(), per_pair, torch.cat([p.grad.flatten() for p in model.parameters()])
+
+
+def test_bf16_autocast_matches_fp32(data, policy, reference, accelerator_for):
+    """The trainer's bf16 autocast against fp32 on one batch: log-probs, loss and gradient agree to bf16
+    precision."""
+    batch = batch_of(data, [0, 1, 8, 9])  # both structures
+    loss, per_pair, gradient = train_step(accelerator_for(CONFIG), policy, reference, batch)
+    dtypes = []
+    loss16, per_pair16, gradient16 = train_step(
+        accelerator_for(replace(CONFIG, mixed_precision="bf16")), policy, reference, batch, dtypes
+    )
+    assert dtypes == [torch.bfloat16]  # autocast is on
+
+    # bf16 keeps 8 significant bits (relative rounding error up to 2^-8); a sum of per-residue log-probs,
+    # all of one sign, keeps a relative error of that order: allow 2^-7, twice the rounding of one operation
+    logps, logps16 = per_pair[:, LOGPS], per_pair16[:, LOGPS]
+    assert not torch.equal(logps, logps16)
+    assert ((logps16 - logps).abs() <= 2**-7 * logps.abs()).all(), (logps, logps16)
+    # -logsigmoid is 1-Lipschitz, so the loss moves at most beta x the change of the DPO logits
+    logits_change = ((logps16[:, 0] - logps16[:, 1]) - (logps[:, 0] - logps[:, 1])).abs().max()
+    assert (loss16 - loss).abs() <= CONFIG.beta * logits_change + 1e-6
+    assert torch.nn.functional.cosine_similarity(gradient, gradient16, dim=0) > 0.99
+    assert float(gradient16.norm()) == pytest.approx(float(gradient.norm()), rel=0.05)
+
+
+def test_dataloader_workers_give_the_same_batches_and_loss(data, policy, reference, accelerator_for):
+    """Two DataLoader workers (with pinned memory on CUDA) give the main process's batches, over two epochs,
+    and so its loss."""
+    accelerator = accelerator_for(CONFIG)
+    dataset = PreferenceDataset(data)
+
+    def batches(num_workers: int) -> list[dict[str, torch.Tensor]]:
+        loader = DataLoader(
+            dataset,
+            batch_size=4,
+            sampler=LengthGroupedSampler(dataset.lengths, 4, seed=0),
+            collate_fn=collate,
+            num_workers=num_workers,
+            pin_memory=accelerator.device.type == "cuda",
+        )
+        loader = accelerator.prepare(loader)
+        out = []
+        for epoch in (0, 1):
+            loader.set_epoch(epoch)
+            out.extend(loader)
+        return out
+
+    plain, workers = batches(0), batches(2)
+    assert len(plain) == len(workers) == 8
+    assert not torch.equal(plain[0]["index"], plain[4]["index"])  # epochs are shuffled differently
+    for a, b in zip(plain, workers, strict=True):
+        assert a.keys() == b.keys()
+        for key in a:
+            assert torch.equal(a[key], b[key]), key
+    with torch.no_grad():
+        losses = [
+            step_metrics(CONFIG, policy, reference, batch, epoch=0)[0] for batch in (plain[0], workers[0])
+        ]
+    assert losses[0] == losses[1]
+
+
+def test_torch_compile_matches_eager_when_the_batch_shape_changes(data, policy, reference, accelerator_for):
+    """The trainer's regional compilation with dynamic shapes: loss and every gradient as eager, for batches
+    whose size and length change as length-grouped batches do (a whole training run: test_train)."""
+    accelerator = accelerator_for(replace(CONFIG, torch_compile=True))
+    compiled = accelerator.prepare(copy.deepcopy(policy))
+    assert isinstance(compiled.encoder_layers[0], torch._dynamo.eval_frame.OptimizedModule)
+    assert isinstance(compiled.decoder_layers[0], torch._dynamo.eval_frame.OptimizedModule)
+    eager = copy.deepcopy(policy)
+    try:
+        for indices in ([0, 1], [8, 9, 10]):  # 2 pairs of 85 residues, then 3 of 84-85 (padded)
+            batch = batch_of(data, indices)
+            results = []
+            for model in (eager, compiled):
+                loss, _ = step_metrics(CONFIG, model, reference, batch, epoch=0)
+                loss.backward()
+                results.append((loss.detach(), torch.cat([p.grad.flatten() for p in model.parameters()])))
+                model.zero_grad(set_to_none=True)
+            (loss, gradient), (compiled_loss, compiled_gradient) = results
+            torch.testing.assert_close(compiled_loss, loss, rtol=1e-5, atol=1e-5)
+            scale = gradient.abs().max().clamp(min=1.0)
+            assert (compiled_gradient - gradient).abs().max() <= 1e-4 * scale
+    finally:
+        torch._dynamo.reset()
+
+
+def test_length_grouped_batches_score_each_pair_as_when_alone(policy, cache_dir):
+    """A pair's log-probs do not depend on the batch it lands in nor on its padding: 8 val pairs on six
+    chains of 118-169 residues, in batches grouped by length (as LengthGroupedSampler groups them within a
+    mega-batch; that it reduces padding is tested in test_data), in mixed batches, and alone."""
+    data = load_pairs(SHARED_DATA / "val.jsonl", cache_dir=cache_dir)
+    data = replace(data, pairs=data.pairs.select([0, 1, 8, 13, 15, 22, 23, 30]))
+    dataset = PreferenceDataset(data)
+    grouped = sorted(range(8), key=lambda i: -dataset.lengths[i])
+    mixed = grouped[0::2] + grouped[1::2]
+    model = copy.deepcopy(policy).eval()
+
+    def scores(indices: list[int], batch_size: int = 4) -> dict[int, torch.Tensor]:
+        out = {}
+        for start in range(0, len(indices), batch_size):
+            batch = collate([dataset[i] for i in indices[start : start + batch_size]])
+            with torch.no_grad():
+                logps = pair_logps(model, batch, batch_ranks(batch, CONFIG.seed, 2, "random"))
+            for k, i in enumerate(batch["index"].tolist()):
+                out[i] = torch.stack([logps.chosen[k], logps.rejected[k]])
+        return out
+
+    def padding(indices: list[int]) -> int:
+        chunks = [dataset.lengths[indices[s : s + 4]] for s in range(0, len(indices), 4)]
+        return sum(int(c.max() * len(c) - c.sum()) for c in chunks)
+
+    assert 0 < padding(grouped) < padding(mixed)
+    alone = scores(list(range(8)), batch_size=1)
+    for batches in (grouped, mixed):
+        for i, logps in scores(batches).items():
+            torch.testing.assert_close(logps, alone[i], rtol=1e-5, atol=1e-4)
+
+
+@pytest.fixture
+def encoder_passes(monkeypatch):
+    """(policy or reference, structures in the batch) of every ProteinMPNN.encode call, and the shape of the
+    sequences of every decode call."""
+    calls: dict[str, list] = {"encode": [], "decode": []}
+    encode, decode = ProteinMPNN.encode, ProteinMPNN.decode
+
+    def counted_encode(self, X, *args, **kwargs):
+        calls["encode"].append(("policy" if self.training else "reference", X.shape[0]))
+        return encode(self, X, *args, **kwargs)
+
+    def counted_decode(self, enc, S, ranks):
+        calls["decode"].append(tuple(S.shape))
+        return decode(self, enc, S, ranks)
+
+    monkeypatch.setattr(ProteinMPNN, "encode", counted_encode)
+    monkeypatch.setattr(ProteinMPNN, "decode", counted_decode)
+    return calls
+
+
+@pytest.mark.parametrize("num_orders", [1, 3])
+def test_one_encoder_pass_per_pair_and_model(data, policy, reference, encoder_passes, num_orders):
+    config = DPOConfig(ref_model_name_or_path=REFERENCE, num_decoding_orders=num_orders)
+    batch = batch_of(data, [0, 8, 9])  # both structures
+    loss, _ = step_metrics(config, policy, reference, batch, epoch=0)
+    loss.backward()
+    policy.zero_grad(set_to_none=True)
+    assert sorted(encoder_passes["encode"]) == [("policy", 3), ("reference", 3)]
+    # both sequences under every decoding order are decoded at once against that one encoding
+    L = batch["mask"].shape[1]
+    assert encoder_passes["decode"] == [(3, 2 * num_orders, L), (3, 2 * num_orders, L)]
+
+
+def test_precomputed_reference_runs_no_reference_forward_in_training(
+    data, policy, reference, encoder_passes, accelerator_for
+):
+    """Each pair is scored by the reference once before training; training steps never run it, and give
+    the loss of the on-the-fly reference (the whole training run: test_train)."""
+    config = DPOConfig(ref_model_name_or_path=REFERENCE, precompute_ref_log_probs=True, num_decoding_orders=2)
+    plain = replace(config, precompute_ref_log_probs=False)
+    data = replace(data, pairs=data.pairs.select([0, 1, 8, 9]))  # both structures
+    precomputed = precompute_reference(accelerator_for(config), reference, data, config)
+    assert encoder_passes["encode"] == [("reference", 4)]  # one eval batch
+    encoder_passes["encode"].clear()
+
+    batch = batch_of(precomputed, range(4))
+    loss, _ = step_metrics(config, policy, reference, batch, epoch=0)  # the reference is given, not used
+    loss.backward()
+    policy.zero_grad(set_to_none=True)
+    assert encoder_passes["encode"] == [("policy", 4)]
+    with torch.no_grad():
+        expected, _ = step_metrics(plain, policy, reference, batch_of(data, range(4)), epoch=0)
+    torch.testing.assert_close(loss.detach(), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_no_structure_is_parsed_after_the_first_load(tmp_path, monkeypatch):
+    """Features come from the Arrow cache: a second load and every DataLoader epoch, in worker processes too,
+    run without the parser."""
+    parsed = []
+    real = dpo_inv.data.parse_structure
+    monkeypatch.setattr(dpo_inv.data, "parse_structure", lambda path: parsed.append(path) or real(path))
+    path, cache = small_pairs(tmp_path), tmp_path / "cache"
+    assert len(load_pairs(path, cache_dir=cache).structures) == len(parsed) == 2
+
+    def refuse(path):
+        raise AssertionError(f"parsed {path} after the first load")
+
+    monkeypatch.setattr(dpo_inv.data, "parse_structure", refuse)
+    monkeypatch.setattr(dpo_inv.structure, "parse_structure", refuse)
+    data = load_pairs(path, cache_dir=cache)
+    assert all(f["filename"].startswith(str(cache)) for f in data.structures.cache_files)  # memory-mapped
+    dataset = PreferenceDataset(data)
+    for num_workers in (0, 2):  # workers are forked with the refusing parser
+        sampler = LengthGroupedSampler(dataset.lengths, 4, seed=0)
+        loader = DataLoader(
+            dataset, batch_size=4, sampler=sampler, collate_fn=collate, num_workers=num_workers
+        )
+        for epoch in (0, 1):
+            sampler.set_epoch(epoch)
+            assert sum(len(batch["index"]) for batch in loader) == 16
+
+
+class ShapeRecorder(TorchDispatchMode):
+    """The shapes of every tensor an operation returns."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.shapes: list[tuple[int, ...]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for tensor in out if isinstance(out, (tuple, list)) else [out]:
+            if isinstance(tensor, torch.Tensor):
+                self.shapes.append(tuple(tensor.shape))
+        return out
+
+
+def test_decoder_and_its_backward_hold_no_length_by_length_tensor(data, policy):
+    """The autoregressive mask lives in neighbour space, [B, L, K, N]: decoding, forward and backward, makes
+    no L x L tensor, so its memory and time grow as L*K (only the encoder's k-NN search is L x L)."""
+    batch = batch_of(data, [0, 1])
+    L = batch["mask"].shape[1]
+    model = copy.deepcopy(policy)
+    enc = model.encode(batch["X"], batch["mask"], batch["residue_idx"], batch["chain_encoding"])
+    ranks = batch_ranks(batch, CONFIG.seed, 2, "random")
+    S = torch.stack([batch["chosen"], batch["rejected"]], 1).repeat_interleave(2, 1)
+    with ShapeRecorder() as recorder:
+        log_probs = model.decode(enc, S, ranks.repeat(1, 2, 1))
+        log_probs.sum().backward()
+    assert len(recorder.shapes) > 100
+    assert not [shape for shape in recorder.shapes if list(shape).count(L) >= 2]
+    k = model.config.k_neighbors
+    assert (2, L, k, 4) in recorder.shapes  # the mask itself: [B, L, K, N sequences]
+    assert math.prod(max(recorder.shapes, key=math.prod)) <= 2 * L * k * 4 * model.config.hidden_dim
