@@ -25,7 +25,6 @@ from dpo_inv.structure import ALPHABET, StructureError, featurize, parse_structu
 FEATURES_VERSION = "1"  # bump when the stored structure features change
 FORMATS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
 ALIASES = {"structure": "pdb_file", "chosen": "preferred_seq", "rejected": "unpreferred_seq"}
-SEQUENCE_RE = re.compile(f"^[{ALPHABET}]+$")
 MAX_REPORTED_ERRORS = 20
 
 

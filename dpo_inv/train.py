@@ -143,6 +143,7 @@ def load_data(accelerator: Accelerator, config: DPOConfig) -> tuple[PairDataset,
     if accelerator.is_main_process:
         try:
             loaded = validate(config, names, options)
+            splits = train_and_eval(config, loaded)  # an impossible eval_split fails here, on rank 0 alone
         except Exception as err:  # raised below, once the other ranks know
             failure = err
     outcome: list | int = [data.files for data in loaded]  # the cache folders of the validated data,
@@ -153,15 +154,11 @@ def load_data(accelerator: Accelerator, config: DPOConfig) -> tuple[PairDataset,
         raise failure
     if isinstance(outcome, int):
         raise TrainingStopped("rank 0 could not load the data", outcome)
-    if not accelerator.is_main_process:
-        loaded = [load_saved_pairs(files, name) for files, name in zip(outcome, names, strict=True)]
-    else:
+    if accelerator.is_main_process:
         write_skipped(accelerator, config, loaded)
-    if len(loaded) == 2:
-        return loaded[0], loaded[1]
-    if config.eval_split > 0:
-        return split_by_structure(loaded[0], config.eval_split, config.seed)
-    return loaded[0], None
+        return splits
+    saved = [load_saved_pairs(files, name) for files, name in zip(outcome, names, strict=True)]
+    return train_and_eval(config, saved)
 
 
 def validate(config: DPOConfig, names: list[str], options: dict) -> list[PairDataset]:
@@ -172,14 +169,18 @@ def validate(config: DPOConfig, names: list[str], options: dict) -> list[PairDat
             loaded.append(load_pairs(name, config.cache_dir, config.dataset_num_proc, **options))
         except DataError as err:
             errors.append(str(err))
-    if not errors and len(loaded) == 1 and config.eval_split > 0:
-        try:  # here, on rank 0 alone, rather than on every rank later
-            split_by_structure(loaded[0], config.eval_split, config.seed)
-        except DataError as err:
-            errors.append(str(err))
     if errors:
         raise DataError("\n".join(errors))
     return loaded
+
+
+def train_and_eval(config: DPOConfig, loaded: list[PairDataset]) -> tuple[PairDataset, PairDataset | None]:
+    """The training and eval data: the two files, or eval_split held out of the one."""
+    if len(loaded) == 2:
+        return loaded[0], loaded[1]
+    if config.eval_split > 0:
+        return split_by_structure(loaded[0], config.eval_split, config.seed)
+    return loaded[0], None
 
 
 def write_skipped(accelerator: Accelerator, config: DPOConfig, loaded: list[PairDataset]) -> None:

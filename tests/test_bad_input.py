@@ -178,3 +178,14 @@ def test_bad_input_on_two_ranks_is_reported_once_by_rank_0(tmp_path):
     exit_codes = set(re.findall(r"exitcode\s*: (-?\d+)", output))
     assert str(EXIT_BAD_INPUT) in exit_codes and exit_codes <= {str(EXIT_BAD_INPUT), str(-signal.SIGTERM)}
     assert 'dpo_inv/train.py", line' not in output  # torchrun prints its own traceback, the ranks none
+
+
+def test_an_eval_split_that_leaves_nothing_to_train_on_exits_2(tmp_path):
+    good = (BAD / "wrong_length.jsonl").read_text().splitlines()[0]  # one pair, one structure
+    data = tmp_path / "one.jsonl"
+    data.write_text(good.replace('"structures/', f'"{STRUCTURES}/') + "\n")
+    result = train(tmp_path, "--train_file", str(data), "--eval_split", "0.5")
+    assert result.returncode == EXIT_BAD_INPUT
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"{data}: eval_split=0.5 leaves no training structure out of 1; lower eval_split or give an eval_file"
+    )
