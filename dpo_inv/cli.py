@@ -9,6 +9,7 @@ COMMANDS = {
     "score": "dpo_inv.score",
     "plot": "dpo_inv.plot",
     "sample": "dpo_inv.sample",
+    "pairs": "dpo_inv.pairs",
 }
 
 

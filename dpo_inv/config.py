@@ -59,6 +59,14 @@ class DPOConfig:
             "Without eval_file: fraction of training structures (with all their pairs) held out; 0 = none."
         ),
     )
+    eval_variants_file: str | None = field(
+        default=None,
+        **_help(
+            "Labelled variants (sequence, wildtype_seq, label: higher = better) scored at each eval: "
+            "eval_spearman is the mean over structures of Spearman's correlation of the conditional "
+            "delta_logp with the label. Every record must be good (on_bad_record does not apply)."
+        ),
+    )
     cache_dir: str | None = field(
         default=None, **_help("Cache for parsed structures; default: the datasets cache (HF_DATASETS_CACHE).")
     )
@@ -156,8 +164,23 @@ class DPOConfig:
     eval_steps: int | None = field(
         default=None, **_help("Evaluate every N optimizer steps; default: each epoch.")
     )
+    eval_on_start: bool = field(
+        default=False,
+        **_help("Evaluate the starting model too, at step 0 (it stays in best/ unless training beats it)."),
+    )
     save_steps: int | None = field(
         default=None, **_help("Checkpoint every N optimizer steps; default: each epoch.")
+    )
+    metric_for_best_model: str = field(
+        default="eval_loss",
+        **_help(
+            "The eval metric that picks the model kept in best/: eval_loss, eval_spearman, "
+            "eval_rewards/accuracies, ... (the eval_ prefix may be left out, as in Transformers)."
+        ),
+    )
+    greater_is_better: bool | None = field(
+        default=None,
+        **_help("Whether a larger metric_for_best_model is better; default: false for a loss, else true."),
     )
     save_total_limit: int | None = field(
         default=2, **_help("Keep only the newest N checkpoints, the one just saved always; None = all.")
@@ -205,6 +228,15 @@ class DPOConfig:
             raise ValueError("save_total_limit must be at least 1 (or None: keep all)")
         if self.max_consecutive_nonfinite < 1:
             raise ValueError("max_consecutive_nonfinite must be at least 1")
+
+        if not self.metric_for_best_model.startswith("eval_"):
+            self.metric_for_best_model = f"eval_{self.metric_for_best_model}"
+        if self.greater_is_better is None:
+            self.greater_is_better = not self.metric_for_best_model.endswith("loss")
+        if self.metric_for_best_model.startswith("eval_spearman") and not self.eval_variants_file:
+            raise ValueError(
+                f"metric_for_best_model {self.metric_for_best_model} needs an eval_variants_file"
+            )
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -432,9 +432,9 @@ def load_pairs(
     structures, structures_dir = None, None
     if keys:
         structures, structures_dir, _ = build_structures(list(keys), cache_dir=cache_dir, num_proc=num_proc)
-        structure_errors = structures["error"]
-        num_designed = structures["num_designed"]
-        design_chains = structures["design_chains"]
+        structure_errors = list(structures["error"])  # plain lists: one column read, not one per record
+        num_designed = list(structures["num_designed"])
+        design_chains = list(structures["design_chains"])
     columns: dict[str, list] = {name: [] for name in PAIR_FEATURES}
     for number, data, sid in usable:
         location = records[number].location

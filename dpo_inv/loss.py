@@ -10,6 +10,8 @@ import torch.nn.functional as F
 from dpo_inv.model import decoding_ranks, derive_seed
 
 LOSS_TYPES = ("sigmoid", "ipo", "hinge", "robust")
+METRICS = ("loss", "rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins",
+           "logps/chosen", "logps/rejected")  # fmt: skip
 
 
 @dataclass

@@ -489,21 +489,25 @@ class ProteinMPNN(PreTrainedModel):
             h_V, h_E = layer(h_V, h_E, E_idx, mask, mask_attend)
         return Encoding(h_V=h_V, h_E=h_E, E_idx=E_idx, mask=mask)
 
-    def decode(self, enc: Encoding, S: Tensor, ranks: Tensor) -> Tensor:
+    def decode(self, enc: Encoding, S: Tensor, ranks: Tensor, positions: Tensor | None = None) -> Tensor:
         """Teacher-forced autoregressive decoding of ``S`` in the order given by ``ranks``.
 
         ``S`` and ``ranks`` are ``[B, L]`` or ``[B, N, L]`` (N sequences/orders per encoded structure);
         returns log-probabilities ``[B, L, vocab_size]`` or ``[B, N, L, vocab_size]``. Position ``i`` sees the
         tokens of neighbours decoded before it (``ranks[j] < ranks[i]``) and only the structure of the others.
+        With ``positions [B, Q, N]`` (3-d inputs only), the last layer computes only position
+        ``positions[b, q, n]`` of sequence ``n``, and the result is ``[B, Q, N, vocab_size]``.
         """
         if S.dim() == 2:
             return self.decode(enc, S.unsqueeze(1), ranks.unsqueeze(1)).squeeze(1)
         mask_bw = enc.mask[:, :, None, None] * causal_neighbor_mask(ranks, enc.E_idx)
         h_S = self.W_s(S.transpose(1, 2))
         h_V = enc.h_V.unsqueeze(2).expand_as(h_S)
-        for layer in self.decoder_layers:
+        *layers, last = self.decoder_layers
+        for layer in layers:
             h_V = layer(h_V, h_S, enc, mask_bw)
-        return F.log_softmax(self.W_out(h_V.transpose(1, 2)), dim=-1)
+        h_V = last(h_V, h_S, enc, mask_bw, positions)
+        return F.log_softmax(self.W_out(h_V if positions is not None else h_V.transpose(1, 2)), dim=-1)
 
     def forward(
         self, X: Tensor, S: Tensor, mask: Tensor, residue_idx: Tensor, chain_encoding: Tensor, ranks: Tensor

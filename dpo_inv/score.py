@@ -4,8 +4,12 @@
         --data data/pairs/val.jsonl --output scores.jsonl
 
 Pairs get `preferred_logp`, `unpreferred_logp` (and, with a reference, `preferred_reward`,
-`unpreferred_reward`); sequences (`sequence`, optional `label`, `wildtype_seq`) get `logp`,
-`logp_per_residue` (and `delta_logp`). A summary JSON line goes to stdout.
+`unpreferred_reward`). Sequences (`sequence`, optional `label`, `wildtype_seq`) get `delta_logp` (variant
+minus wild type) when they have a wild type, from one encoder pass per structure (`--variant_scoring
+conditional`, the default) or from two full-sequence passes per record (`full`, which also gives `logp` and
+`logp_per_residue`); without a wild type, `logp` and `logp_per_residue`. With labels, Spearman's rank
+correlation is reported pooled and per structure (mean and median over structures, as ProteinGym reports
+it). A summary JSON line goes to stdout.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from typing import Literal
 import datasets
 import numpy as np
 import torch
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, Subset
 from transformers import HfArgumentParser
 
 from dpo_inv.data import (
@@ -35,6 +39,7 @@ from dpo_inv.launch import resolve_device
 from dpo_inv.loss import PairLogps, batch_ranks, pair_logps
 from dpo_inv.model import ProteinMPNN, load_model
 from dpo_inv.structure import StructureError
+from dpo_inv.variants import conditional_deltas, round_metric, spearman, spearman_by_structure
 
 
 @dataclass
@@ -50,7 +55,23 @@ class ScoreConfig:
         default=None, metadata={"help": "Reference model: adds rewards (log p - log p_ref)."}
     )
     decoding_order: Literal["random", "left_to_right"] = field(
-        default="random", metadata={"help": "random (seeded per record, as the trainer) or left_to_right."}
+        default="random",
+        metadata={
+            "help": "random (seeded per record, as the trainer) or left_to_right; with conditional variant "
+            "scoring, the order of the residues other than the substituted one."
+        },
+    )
+    variant_scoring: Literal["conditional", "full"] = field(
+        default="conditional",
+        metadata={
+            "help": "Sequences with a wildtype_seq: conditional (each substituted position decoded last, "
+            "given every other residue; one encoder pass per structure; delta_logp only) or full "
+            "(log p of the whole variant minus that of the wild type, under the same decoding order)."
+        },
+    )
+    per_structure_output: str | None = field(
+        default=None,
+        metadata={"help": "JSONL: one line per structure with its number of labelled records and Spearman."},
     )
     num_orders: int = field(default=1, metadata={"help": "Decoding orders per record; log p is averaged."})
     seed: int = field(
@@ -61,19 +82,6 @@ class ScoreConfig:
         default=None, metadata={"help": "cpu, cuda, xpu, ...; default: the best available."}
     )
     cache_dir: str | None = field(default=None, metadata={"help": "Cache for parsed structures."})
-
-
-def spearman(a: np.ndarray, b: np.ndarray) -> float:
-    """Spearman rank correlation (ties get their average rank)."""
-
-    def ranks(x: np.ndarray) -> np.ndarray:
-        order = np.argsort(x, kind="stable")
-        ranked = np.empty(len(x))
-        ranked[order] = np.arange(len(x))
-        _, inverse, counts = np.unique(x, return_inverse=True, return_counts=True)
-        return (np.bincount(inverse, ranked) / counts)[inverse]
-
-    return float(np.corrcoef(ranks(a), ranks(b))[0, 1])
 
 
 @torch.no_grad()
@@ -99,6 +107,87 @@ def score_dataset(
     ]
 
 
+def score_pairs(rows: list[dict], policy: PairLogps, reference: PairLogps | None) -> dict:
+    """Add log p (and rewards) to each pair; accuracy and mean margin."""
+    for i, row in enumerate(rows):
+        row.update(preferred_logp=float(policy.chosen[i]), unpreferred_logp=float(policy.rejected[i]))
+    margin = policy.chosen - policy.rejected
+    if reference is not None:
+        chosen_reward = policy.chosen - reference.chosen
+        rejected_reward = policy.rejected - reference.rejected
+        for i, row in enumerate(rows):
+            row.update(preferred_reward=float(chosen_reward[i]), unpreferred_reward=float(rejected_reward[i]))
+        margin = chosen_reward - rejected_reward
+    return {
+        "accuracy": float((margin > 0).float().mean()),
+        "mean_margin": float(margin.mean()),
+        "accuracy_by": "reward" if reference is not None else "logp",
+    }
+
+
+def score_sequences(
+    rows: list[dict],
+    model: ProteinMPNN,
+    dataset: PreferenceDataset,
+    config: ScoreConfig,
+    device: torch.device,
+) -> dict:
+    """Add `delta_logp` (records with a wild type) or `logp` and `logp_per_residue` to each record;
+    Spearman's correlation with `label`, pooled and per structure."""
+    conditional = config.variant_scoring == "conditional"
+    variants = [i for i, row in enumerate(rows) if row.get("wildtype_seq")]
+    full = [i for i in range(len(rows)) if not (conditional and rows[i].get("wildtype_seq"))]
+    if full:
+        (logps,) = score_dataset([model], Subset(dataset, full), config, device)
+        for j, i in enumerate(full):
+            rows[i].update(
+                logp=float(logps.chosen[j]), logp_per_residue=float(logps.chosen[j] / logps.num_positions[j])
+            )
+            if rows[i].get("wildtype_seq"):
+                rows[i]["delta_logp"] = float(logps.chosen[j] - logps.rejected[j])
+    if conditional and variants:
+        deltas = conditional_deltas(
+            model, dataset, device, config.decoding_order, config.seed, config.num_orders, variants
+        )
+        for i in variants:
+            rows[i]["delta_logp"] = deltas[i]
+    summary: dict = {"variant_scoring": config.variant_scoring if variants else None}
+    key = "delta_logp" if variants else "logp"
+    labelled = [i for i, row in enumerate(rows) if row.get("label") is not None and key in row]
+    if len(labelled) < 2:
+        return summary
+    values = np.array([rows[i][key] for i in labelled], dtype=np.float64)
+    labels = np.array([rows[i]["label"] for i in labelled], dtype=np.float64)
+    structure_ids = np.asarray(dataset.pairs["structure_id"])[labelled]
+    table = spearman_by_structure(values, labels, structure_ids)
+    per_structure = [e["spearman"] for e in table if np.isfinite(e["spearman"])]
+    for entry in table:
+        structure = dataset.structures[entry.pop("structure_id")]
+        entry.update(
+            pdb_file=structure["path"],
+            chains=list(structure["design_chains"]),
+            spearman=round_metric(entry["spearman"]),
+        )
+    summary.update(
+        spearman_of=key,
+        labelled=len(labelled),
+        spearman=round_metric(spearman(values, labels)),
+        structures=len(table),
+        spearman_per_structure_mean=round_metric(np.mean(per_structure)) if per_structure else None,
+        spearman_per_structure_median=round_metric(np.median(per_structure)) if per_structure else None,
+    )
+    if config.per_structure_output:
+        write_jsonl(config.per_structure_output, table)
+    return summary
+
+
+def write_jsonl(path: str, rows: list[dict]) -> None:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as handle:
+        for row in rows:
+            handle.write(json.dumps(row) + "\n")
+
+
 def score(config: ScoreConfig) -> dict:
     """Score every record of `config.data`, write `config.output`, return the summary."""
     rows = [record.data or {} for record in load_records(config.data)]
@@ -106,49 +195,17 @@ def score(config: ScoreConfig) -> dict:
     is_pairs = not ("sequence" in columns and "preferred_seq" not in columns)
     data = load_pairs(config.data, config.cache_dir, fields=PAIR_FIELDS if is_pairs else SEQUENCE_FIELDS)
     device = resolve_device(config.device)
-    names = [config.model] + ([config.reference] if config.reference else [])
-    models = [load_model(name).to(device).eval() for name in names]
-    policy, *reference = score_dataset(models, PreferenceDataset(data), config, device)
-
     summary: dict = {"count": len(rows), "model": config.model, "reference": config.reference}
+    dataset = PreferenceDataset(data)
     if is_pairs:
-        for i, row in enumerate(rows):
-            row.update(preferred_logp=float(policy.chosen[i]), unpreferred_logp=float(policy.rejected[i]))
-        margin = policy.chosen - policy.rejected
-        if reference:
-            chosen_reward, rejected_reward = (
-                policy.chosen - reference[0].chosen,
-                policy.rejected - reference[0].rejected,
-            )
-            for i, row in enumerate(rows):
-                row.update(
-                    preferred_reward=float(chosen_reward[i]), unpreferred_reward=float(rejected_reward[i])
-                )
-            margin = chosen_reward - rejected_reward
-        summary.update(accuracy=float((margin > 0).float().mean()), mean_margin=float(margin.mean()))
-        summary["accuracy_by"] = "reward" if reference else "logp"
+        names = [config.model] + ([config.reference] if config.reference else [])
+        models = [load_model(name).to(device).eval() for name in names]
+        policy, *reference = score_dataset(models, dataset, config, device)
+        summary.update(score_pairs(rows, policy, reference[0] if reference else None))
     else:
-        has_wildtype = "wildtype_seq" in columns
-        delta = policy.chosen - policy.rejected
-        for i, row in enumerate(rows):
-            row.update(
-                logp=float(policy.chosen[i]),
-                logp_per_residue=float(policy.chosen[i] / policy.num_positions[i]),
-            )
-            if has_wildtype and row.get("wildtype_seq"):
-                row["delta_logp"] = float(delta[i])
-        if "label" in columns:
-            key = "delta_logp" if has_wildtype else "logp"
-            labelled = [
-                (row[key], row["label"]) for row in rows if row.get("label") is not None and key in row
-            ]
-            if len(labelled) > 1:
-                values, labels = np.array(labelled, dtype=np.float64).T
-                summary.update(spearman=spearman(values, labels), spearman_of=key, labelled=len(labelled))
-    Path(config.output).parent.mkdir(parents=True, exist_ok=True)
-    with open(config.output, "w") as handle:
-        for row in rows:
-            handle.write(json.dumps(row) + "\n")
+        model = load_model(config.model).to(device).eval()
+        summary.update(score_sequences(rows, model, dataset, config, device))
+    write_jsonl(config.output, rows)
     return summary
 
 

@@ -6,13 +6,11 @@ import importlib.util
 import json
 import math
 import os
-import re
-import shutil
 import signal
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from datetime import timedelta
 from pathlib import Path
 from types import FrameType
@@ -28,9 +26,11 @@ from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 from transformers import get_scheduler
 
+from dpo_inv.checkpoints import TrainerState, find_checkpoint, save_checkpoint, save_model
 from dpo_inv.config import EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_NONFINITE, DPOConfig
 from dpo_inv.data import (
     REFERENCE_COLUMNS,
+    SEQUENCE_FIELDS,
     DataError,
     LengthGroupedSampler,
     PairDataset,
@@ -39,16 +39,14 @@ from dpo_inv.data import (
     load_pairs,
     load_saved_pairs,
 )
+from dpo_inv.evaluation import describe, eval_structures, improved, run_evaluation
 from dpo_inv.launch import device_backend, setup_environment
-from dpo_inv.loss import PairLogps, batch_ranks, example_seeds, pair_logps, preference_loss
+from dpo_inv.loss import METRICS, batch_ranks, pair_logps
 from dpo_inv.model import ProteinMPNN, load_model
+from dpo_inv.objective import step_metrics
 from dpo_inv.plot import plot
-from dpo_inv.sample import sample_sequences
+from dpo_inv.variants import LabelledVariants, variant_labels
 
-METRICS = ("loss", "rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins",
-           "logps/chosen", "logps/rejected")  # fmt: skip
-STATE_FILE = "trainer_state.json"
-CHECKPOINT_NAME = re.compile(r"step-(\d+)")
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)  # what PBS and SLURM send before the walltime
 
 
@@ -58,27 +56,6 @@ class TrainingStopped(Exception):
     def __init__(self, message: str, exit_code: int) -> None:
         super().__init__(message)
         self.exit_code = exit_code
-
-
-@dataclass
-class TrainerState:
-    """Where training stands; saved in every checkpoint beside Accelerate's state."""
-
-    global_step: int = 0
-    epoch: int = 0
-    batches_in_epoch: int = 0  # micro-batches of `epoch` already consumed
-    best_eval_loss: float = math.inf
-
-    def save(self, directory: Path) -> None:
-        """Written last, with the size of every file of the checkpoint: a damaged checkpoint is recognised."""
-        files = {str(p.relative_to(directory)): p.stat().st_size for p in directory.rglob("*") if p.is_file()}
-        (directory / STATE_FILE).write_text(json.dumps({**asdict(self), "files": files}, indent=2))
-
-    @classmethod
-    def load(cls, directory: Path) -> TrainerState:
-        fields = json.loads((directory / STATE_FILE).read_text())
-        del fields["files"]
-        return cls(**fields)
 
 
 class StopSignals:
@@ -133,21 +110,29 @@ def split_by_structure(data: PairDataset, fraction: float, seed: int) -> tuple[P
     return train, evaluation
 
 
-def load_data(accelerator: Accelerator, config: DPOConfig) -> tuple[PairDataset, PairDataset | None]:
+def load_data(
+    accelerator: Accelerator, config: DPOConfig
+) -> tuple[PairDataset, PairDataset | None, LabelledVariants | None]:
     """Rank 0 validates the data files and parses their structures into the Arrow cache, before training;
-    the other ranks then read its result from there. Bad input stops every rank, rank 0 reporting it."""
+    the other ranks then read its result from there. Bad input stops every rank, rank 0 reporting it.
+    Returns the training pairs, the eval pairs and the labelled eval variants (each None when not given)."""
     names = [config.train_file, *([config.eval_file] if config.eval_file else [])]
     options = {"structure_roots": config.structure_root or (), "on_bad_record": config.on_bad_record}
     loaded: list[PairDataset] = []
+    variants: LabelledVariants | None = None
     failure: Exception | None = None
     if accelerator.is_main_process:
         try:
-            loaded = validate(config, names, options)
+            loaded, variants = validate(config, names, options)
             splits = train_and_eval(config, loaded)  # an impossible eval_split fails here, on rank 0 alone
         except Exception as err:  # raised below, once the other ranks know
             failure = err
-    outcome: list | int = [data.files for data in loaded]  # the cache folders of the validated data,
-    if failure is not None:  # or the exit status of the other ranks
+    # the cache folders of the validated data (and the variant labels), or the exit status of the others
+    outcome: tuple | int = (
+        [data.files for data in loaded],
+        variants and (variants.data.files, variants.labels),
+    )
+    if failure is not None:
         outcome = EXIT_BAD_INPUT if isinstance(failure, DataError) else 1
     (outcome,) = broadcast_object_list([outcome])
     if failure is not None:
@@ -156,22 +141,41 @@ def load_data(accelerator: Accelerator, config: DPOConfig) -> tuple[PairDataset,
         raise TrainingStopped("rank 0 could not load the data", outcome)
     if accelerator.is_main_process:
         write_skipped(accelerator, config, loaded)
-        return splits
-    saved = [load_saved_pairs(files, name) for files, name in zip(outcome, names, strict=True)]
-    return train_and_eval(config, saved)
+        return (*splits, variants)
+    files, saved_variants = outcome
+    saved = [load_saved_pairs(f, name) for f, name in zip(files, names, strict=True)]
+    if saved_variants is not None:
+        variants = LabelledVariants(
+            load_saved_pairs(saved_variants[0], config.eval_variants_file), saved_variants[1]
+        )
+    return (*train_and_eval(config, saved), variants)
 
 
-def validate(config: DPOConfig, names: list[str], options: dict) -> list[PairDataset]:
+def validate(
+    config: DPOConfig, names: list[str], options: dict
+) -> tuple[list[PairDataset], LabelledVariants | None]:
     """Load and check every data file; one `DataError` reports the bad records of all of them."""
-    loaded, errors = [], []
+    loaded, errors, variants = [], [], None
     for name in names:
         try:
             loaded.append(load_pairs(name, config.cache_dir, config.dataset_num_proc, **options))
         except DataError as err:
             errors.append(str(err))
+    if config.eval_variants_file:
+        try:
+            data = load_pairs(
+                config.eval_variants_file,
+                config.cache_dir,
+                config.dataset_num_proc,
+                fields=SEQUENCE_FIELDS,
+                structure_roots=options["structure_roots"],
+            )
+            variants = LabelledVariants(data, variant_labels(config.eval_variants_file))
+        except DataError as err:
+            errors.append(str(err))
     if errors:
         raise DataError("\n".join(errors))
-    return loaded
+    return loaded, variants
 
 
 def train_and_eval(config: DPOConfig, loaded: list[PairDataset]) -> tuple[PairDataset, PairDataset | None]:
@@ -221,165 +225,6 @@ def precompute_reference(
     for name, values in zip(REFERENCE_COLUMNS, (chosen, rejected), strict=True):
         pairs = pairs.add_column(name, torch.cat(values).tolist())
     return PairDataset(pairs, data.structures, data.source)
-
-
-def reference_logps(
-    config: DPOConfig, reference: ProteinMPNN | None, batch: dict[str, torch.Tensor], ranks: torch.Tensor
-) -> PairLogps | None:
-    if config.reference_free:
-        return None
-    if config.precompute_ref_log_probs:
-        return PairLogps(batch["ref_chosen_logps"], batch["ref_rejected_logps"], batch["loss_mask"].sum(-1))
-    with torch.no_grad():
-        return pair_logps(reference, batch, ranks)
-
-
-def step_metrics(config, model, reference, batch, epoch) -> tuple[torch.Tensor, torch.Tensor]:
-    """Mean loss of a batch (what is back-propagated) and per-pair metrics [B, len(METRICS)]."""
-    ranks = batch_ranks(batch, config.seed, config.num_decoding_orders, config.decoding_order, epoch)
-    policy = pair_logps(model, batch, ranks)
-    losses, out = preference_loss(
-        policy,
-        reference_logps(config, reference, batch, ranks),
-        batch["weight"],
-        beta=config.beta,
-        loss_types=config.loss_type,
-        loss_weights=config.loss_weights or [1.0] * len(config.loss_type),
-        label_smoothing=config.label_smoothing,
-        rpo_alpha=config.rpo_alpha,
-    )
-    per_pair = torch.stack(
-        [
-            losses.detach(),
-            out.chosen_rewards,
-            out.rejected_rewards,
-            (out.chosen_rewards > out.rejected_rewards).float(),
-            out.chosen_rewards - out.rejected_rewards,
-            policy.chosen.detach(),
-            policy.rejected.detach(),
-        ],
-        dim=-1,
-    )
-    return losses.mean(), per_pair
-
-
-@torch.no_grad()
-def evaluate(accelerator, config, model, reference, loader, structures) -> dict[str, float]:
-    """Metrics over the whole eval set, every pair counted once across ranks, and the native sequence
-    recovery of greedy decoding on the eval structures (`structures`: this rank's share, one batch)."""
-    model.eval()
-    totals, count = torch.zeros(len(METRICS), dtype=torch.float64), 0
-    for batch in loader:
-        _, per_pair = step_metrics(config, model, reference, batch, epoch=0)
-        gathered = accelerator.gather_for_metrics(per_pair).double().cpu()
-        totals += gathered.sum(0)
-        count += len(gathered)
-    recovered = torch.zeros(2, device=accelerator.device)  # recovered, designed residues
-    if structures is not None:
-        batch = {k: v.to(accelerator.device) for k, v in structures.items()}
-        seeds = example_seeds(config.seed, batch["index"], epoch=0)
-        tokens = sample_sequences(
-            accelerator.unwrap_model(model, keep_torch_compile=False), batch, 1, 0.0, seeds
-        ).tokens[:, 0]
-        designed = (batch["decode_mask"] * batch["mask"]) > 0
-        recovered += torch.stack([((tokens == batch["native"]) & designed).sum(), designed.sum()]).float()
-    recovered = accelerator.reduce(recovered, "sum")
-    model.train()
-    metrics = {f"eval_{name}": float(value) for name, value in zip(METRICS, totals / count, strict=True)}
-    return {**metrics, "eval_recovery": float(recovered[0] / recovered[1])}
-
-
-def eval_structures(accelerator: Accelerator, data: PairDataset) -> dict[str, torch.Tensor] | None:
-    """One example per distinct eval structure, this rank's share, as one batch (None if it has none)."""
-    _, first = np.unique(np.asarray(data.pairs["structure_id"]), return_index=True)
-    dataset = PreferenceDataset(data)
-    examples = [
-        dataset[int(i)] for i in sorted(first)[accelerator.process_index :: accelerator.num_processes]
-    ]
-    return collate(examples) if examples else None
-
-
-def checkpoint_problem(directory: Path) -> str | None:
-    """Why `directory` is not a complete checkpoint, or None: no readable trainer state, or one of its files
-    missing or of another size than when it was saved."""
-    try:
-        files = json.loads((directory / STATE_FILE).read_text())["files"]
-    except (OSError, ValueError, KeyError) as err:
-        return f"no complete {STATE_FILE} ({err!r})"
-    for name, size in files.items():
-        path = directory / name
-        if not path.is_file():
-            return f"{name} is missing"
-        if path.stat().st_size != size:
-            return f"{name} has {path.stat().st_size} bytes, {size} when saved"
-    return None
-
-
-def find_checkpoint(output_dir: Path, resume_from_checkpoint: str) -> Path | None:
-    """A given checkpoint directory, which must be complete, or for `latest` the newest complete one (None
-    when the run has not saved any yet, so that a job script can always pass `latest`)."""
-    if resume_from_checkpoint != "latest":
-        path = Path(resume_from_checkpoint)
-        problem = checkpoint_problem(path)
-        if problem is not None:
-            raise FileNotFoundError(f"{path}: not a complete dpo_inv checkpoint: {problem}")
-        return path
-    checkpoints = sorted_checkpoints(output_dir)
-    if checkpoints:
-        return checkpoints[-1]
-    if list((output_dir / "checkpoints").glob("step-*")):
-        raise FileNotFoundError(
-            f"resume_from_checkpoint=latest: no complete checkpoint in {output_dir / 'checkpoints'}, only "
-            "damaged ones; give a checkpoint directory, or another output_dir to start anew"
-        )
-    return None
-
-
-def sorted_checkpoints(output_dir: Path) -> list[Path]:
-    """Complete checkpoints by step, oldest first; partial or damaged ones are passed over."""
-    found = []
-    for path in (output_dir / "checkpoints").glob("step-*"):
-        match = CHECKPOINT_NAME.fullmatch(path.name)
-        if match and checkpoint_problem(path) is None:
-            found.append((int(match[1]), path))
-    return [path for _, path in sorted(found)]
-
-
-def remove_partial_checkpoints(checkpoints: Path) -> None:
-    for partial in checkpoints.glob("*.tmp"):
-        shutil.rmtree(partial)
-
-
-def save_checkpoint(accelerator: Accelerator, config: DPOConfig, state: TrainerState) -> None:
-    """Save checkpoints/step-N atomically: every rank writes its part into step-N.tmp, then rank 0 adds the
-    trainer state and renames it; the newest `save_total_limit` checkpoints, this one always, are kept."""
-    output_dir = Path(config.output_dir)
-    checkpoints = output_dir / "checkpoints"
-    directory = checkpoints / f"step-{state.global_step}"
-    partial = checkpoints / f"{directory.name}.tmp"
-    if accelerator.is_main_process:
-        remove_partial_checkpoints(checkpoints)  # left by a save that was killed
-    accelerator.wait_for_everyone()
-    accelerator.save_state(str(partial))
-    accelerator.wait_for_everyone()
-    if accelerator.is_main_process:
-        state.save(partial)
-        if directory.exists():  # saved before, e.g. by the run this one resumed: swap, then delete
-            directory.rename(checkpoints / f"{directory.name}.old.tmp")
-        partial.rename(directory)
-        remove_partial_checkpoints(checkpoints)
-        if config.save_total_limit is not None:
-            others = [p for p in reversed(sorted_checkpoints(output_dir)) if p != directory]  # newest first
-            for old in others[config.save_total_limit - 1 :]:
-                shutil.rmtree(old)
-    accelerator.wait_for_everyone()
-
-
-def save_model(accelerator: Accelerator, model: torch.nn.Module, directory: Path) -> None:
-    accelerator.unwrap_model(model, keep_torch_compile=False).save_pretrained(
-        directory, is_main_process=accelerator.is_main_process, save_function=accelerator.save
-    )
-    accelerator.wait_for_everyone()
 
 
 def check_replicas_agree(accelerator: Accelerator, model: torch.nn.Module) -> None:
@@ -482,7 +327,7 @@ def train(config: DPOConfig) -> dict[str, float]:
     if not accelerator.is_main_process:
         datasets.disable_progress_bars()
 
-    train_data, eval_data = load_data(accelerator, config)
+    train_data, eval_data, variants = load_data(accelerator, config)
 
     model, reference = load_models(config, accelerator.device)
     if config.precompute_ref_log_probs:
@@ -550,6 +395,14 @@ def train(config: DPOConfig) -> dict[str, float]:
         f"{global_batch * config.gradient_accumulation_steps}; {total_steps} optimizer steps"
     )
 
+    if config.eval_on_start and state.global_step == 0 and (eval_loader is not None or variants is not None):
+        eval_metrics = run_evaluation(
+            accelerator, config, model, reference, eval_loader, recovery_structures, variants
+        )
+        log(accelerator, output_dir, eval_metrics, 0)
+        accelerator.print(f"step 0: {describe(eval_metrics)}")
+        if improved(config, eval_metrics, state):
+            save_model(accelerator, model, output_dir / "best")
     model.train()
     progress = tqdm(
         total=total_steps, initial=state.global_step, disable=not accelerator.is_main_process, desc="DPO"
@@ -622,23 +475,17 @@ def train(config: DPOConfig) -> dict[str, float]:
                     log(accelerator, output_dir, metrics, state.global_step)
                     totals, count, skipped, last_log = totals.zero_(), 0, 0, now
                 if (
-                    eval_loader is not None
+                    (eval_loader is not None or variants is not None)
                     and not stop
                     and (state.global_step % eval_every == 0 or state.global_step == total_steps)
                 ):
-                    eval_metrics = evaluate(
-                        accelerator, config, model, reference, eval_loader, recovery_structures
+                    eval_metrics = run_evaluation(
+                        accelerator, config, model, reference, eval_loader, recovery_structures, variants
                     )
                     log(accelerator, output_dir, eval_metrics, state.global_step)
                     if accelerator.is_main_process:
-                        progress.write(
-                            f"step {state.global_step}: eval loss {eval_metrics['eval_loss']:.4f}, "
-                            f"reward accuracy {eval_metrics['eval_rewards/accuracies']:.3f}, "
-                            f"margin {eval_metrics['eval_rewards/margins']:.3f}, "
-                            f"greedy recovery {eval_metrics['eval_recovery']:.3f}"
-                        )
-                    if eval_metrics["eval_loss"] < state.best_eval_loss:
-                        state.best_eval_loss = eval_metrics["eval_loss"]
+                        progress.write(f"step {state.global_step}: {describe(eval_metrics)}")
+                    if improved(config, eval_metrics, state):
                         save_model(accelerator, model, output_dir / "best")
                 if state.global_step % save_every == 0 or state.global_step == total_steps or stop:
                     save_checkpoint(accelerator, config, state)
@@ -654,14 +501,8 @@ def train(config: DPOConfig) -> dict[str, float]:
 
     check_replicas_agree(accelerator, model)
     save_model(accelerator, model, output_dir / "final")
-    if eval_metrics:
-        accelerator.print(
-            f"Done: eval loss {eval_metrics['eval_loss']:.4f}, reward accuracy "
-            f"{eval_metrics['eval_rewards/accuracies']:.3f}, greedy recovery "
-            f"{eval_metrics['eval_recovery']:.3f}; model saved to {output_dir / 'final'}"
-        )
-    else:
-        accelerator.print(f"Done: model saved to {output_dir / 'final'}")
+    done = f"{describe(eval_metrics)}; " if eval_metrics else ""
+    accelerator.print(f"Done: {done}model saved to {output_dir / 'final'}")
     if accelerator.is_main_process and importlib.util.find_spec("matplotlib") is not None:
         plot(output_dir)
     accelerator.end_training()

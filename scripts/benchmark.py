@@ -62,8 +62,9 @@ import dpo_inv.data
 from dpo_inv.config import DPOConfig
 from dpo_inv.data import LengthGroupedSampler, PairDataset, PreferenceDataset, collate, load_pairs
 from dpo_inv.model import ProteinMPNN
+from dpo_inv.objective import step_metrics
 from dpo_inv.structure import AMINO_ACIDS, BACKBONE_ATOMS, parse_structure
-from dpo_inv.train import build_accelerator, load_models, precompute_reference, step_metrics
+from dpo_inv.train import build_accelerator, load_models, precompute_reference
 
 ROOT = Path(__file__).resolve().parents[1]
 THREE_LETTER = {letter: name for name, letter in protein_letters_3to1.items() if letter in AMINO_ACIDS}

@@ -20,9 +20,9 @@ from safetensors.torch import load_file
 from test_distributed import free_port
 from test_train import env, metrics, run, small_pairs, weights
 
+from dpo_inv.checkpoints import checkpoint_problem, find_checkpoint, sorted_checkpoints
 from dpo_inv.config import EXIT_INTERRUPTED, EXIT_NONFINITE
 from dpo_inv.model import _packaged_weights_dir, load_model
-from dpo_inv.train import checkpoint_problem, find_checkpoint, sorted_checkpoints
 
 PY = sys.executable
 TRAIN = (PY, "-m", "dpo_inv.run")

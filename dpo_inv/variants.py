@@ -1,0 +1,226 @@
+"""Variant effects from one encoder pass per structure: ProteinMPNN's conditional log-probabilities.
+
+A variant differs from its wild type at a few positions. Each substituted position is decoded last, given
+every other residue of the wild type (the estimator of ProteinMPNN-ddG), so one encoder pass and one batch of
+decoder passes per structure score every substitution at every position at once:
+
+    delta_logp = sum over substituted positions p of  log p(variant_p | rest) - log p(wildtype_p | rest)
+
+For a single mutant this equals the full-sequence difference log p(variant) - log p(wild type) under the
+same decoding order with p moved to the end (positions decoded before p never see it).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from accelerate import Accelerator
+from accelerate.utils import gather_object
+
+from dpo_inv.data import MAX_REPORTED_ERRORS, DataError, PairDataset, PreferenceDataset, collate, load_records
+from dpo_inv.model import ProteinMPNN, decoding_ranks, derive_seed
+
+ORDERS_PER_PASS = 64  # decoding orders (substituted positions x orders) per decoder batch
+
+
+@dataclass(frozen=True)
+class LabelledVariants:
+    """Variants (`chosen` = variant, `rejected` = wild type) and their labels, higher = better."""
+
+    data: PairDataset
+    labels: list[float]
+
+
+@dataclass(frozen=True)
+class VariantGroup:
+    """Records that share a structure and a wild type, and the positions where any of them differs."""
+
+    structure_id: int
+    records: list[int]  # indices into the dataset, in file order
+    positions: list[int]  # sorted 0-based indices into the designed sequence
+
+
+def group_variants(dataset: PreferenceDataset, records: Sequence[int] | None = None) -> list[VariantGroup]:
+    """Group records (default: all) of a sequences dataset (`chosen` = variant, `rejected` = wild type)."""
+    members: dict[tuple[int, bytes], list[int]] = defaultdict(list)
+    positions: dict[tuple[int, bytes], set[int]] = defaultdict(set)
+    pairs = dataset.pairs if records is None else dataset.pairs.select(records)
+    indices = range(len(dataset)) if records is None else records
+    for index, sid, variant, wildtype in zip(
+        indices, pairs["structure_id"], pairs["chosen"], pairs["rejected"], strict=True
+    ):
+        variant, wildtype = np.asarray(variant), np.asarray(wildtype)
+        key = (int(sid), wildtype.tobytes())
+        members[key].append(index)
+        positions[key].update(np.flatnonzero(variant != wildtype).tolist())
+    return [VariantGroup(key[0], members[key], sorted(positions[key])) for key in members]
+
+
+@torch.no_grad()
+def conditional_log_probs(
+    model: ProteinMPNN,
+    batch: dict[str, torch.Tensor],
+    positions: list[int],
+    seed: int | None,
+    num_orders: int = 1,
+) -> torch.Tensor:
+    """Log-probabilities ``[P, 21]`` at each of ``positions`` of the one structure in ``batch`` (its
+    `rejected` sequence is the wild type), each decoded last given all other residues.
+
+    The other residues are decoded left to right (``seed=None``) or in ``num_orders`` random orders drawn
+    from ``seed``, as the trainer draws them for a record; log-probabilities are averaged over the orders.
+    """
+    L = batch["mask"].shape[1]
+    enc = model.encode(batch["X"], batch["mask"], batch["residue_idx"], batch["chain_encoding"])
+    results = []
+    per_pass = max(1, ORDERS_PER_PASS // num_orders)
+    for start in range(0, len(positions), per_pass):
+        chunk = torch.tensor(positions[start : start + per_pass], device=batch["mask"].device)
+        N = len(chunk)
+        last = torch.zeros(N, L, device=chunk.device)
+        last[torch.arange(N), chunk] = 1
+        ranks = decoding_ranks(
+            last, batch["mask"].expand(N, L), None if seed is None else [seed] * N, num_orders, [L] * N
+        ).view(1, N * num_orders, L)
+        S = batch["rejected"].unsqueeze(1).expand(1, N * num_orders, L)
+        where = chunk.repeat_interleave(num_orders).view(1, 1, -1)  # [1, Q=1, N*K]
+        log_probs = model.decode(enc, S, ranks, positions=where)  # [1, 1, N*K, 21]
+        results.append(log_probs.float().view(N, num_orders, -1).mean(1))
+    return torch.cat(results)
+
+
+@torch.no_grad()
+def conditional_deltas(
+    model: ProteinMPNN,
+    dataset: PreferenceDataset,
+    device: torch.device,
+    decoding_order: str = "left_to_right",
+    seed: int = 0,
+    num_orders: int = 1,
+    records: Sequence[int] | None = None,
+) -> dict[int, float]:
+    """`delta_logp` (variant minus wild type, summed over substituted positions) of each record (default:
+    all), by dataset index."""
+    deltas: dict[int, float] = {}
+    for group in group_variants(dataset, records):
+        if not group.positions:
+            deltas.update((index, 0.0) for index in group.records)
+            continue
+        batch = {k: v.to(device) for k, v in collate([dataset[group.records[0]]]).items()}
+        unobserved = [p for p in group.positions if batch["mask"][0, p] == 0]
+        if unobserved:
+            raise ValueError(
+                f"substitution at position {unobserved[0]} of a residue without backbone coordinates "
+                f"(structure {dataset.structures[group.structure_id]['path']}); it cannot be scored"
+            )
+        group_seed = None if decoding_order == "left_to_right" else derive_seed(seed, 0, group.records[0])
+        table = conditional_log_probs(model, batch, group.positions, group_seed, num_orders).cpu()
+        row = {p: i for i, p in enumerate(group.positions)}
+        wildtype = batch["rejected"][0].cpu()
+        for index in group.records:
+            variant = torch.from_numpy(np.asarray(dataset.pairs[index]["chosen"], dtype=np.int64))
+            changed = torch.nonzero(variant != wildtype[: len(variant)]).flatten().tolist()
+            deltas[index] = float(
+                sum(table[row[p], variant[p]] - table[row[p], wildtype[p]] for p in changed)
+            )
+    return deltas
+
+
+def round_metric(value: float, digits: int = 4) -> float | None:
+    """A metric as printed and written: rounded, and None when it is not a number."""
+    return round(float(value), digits) if np.isfinite(value) else None
+
+
+def spearman(a: np.ndarray, b: np.ndarray) -> float:
+    """Spearman rank correlation (ties get their average rank); NaN when either side is constant."""
+
+    def ranks(x: np.ndarray) -> np.ndarray:
+        order = np.argsort(x, kind="stable")
+        ranked = np.empty(len(x))
+        ranked[order] = np.arange(len(x))
+        _, inverse, counts = np.unique(x, return_inverse=True, return_counts=True)
+        return (np.bincount(inverse, ranked) / counts)[inverse]
+
+    ra, rb = ranks(a), ranks(b)
+    if len(a) < 2 or ra.std() == 0 or rb.std() == 0:
+        return float("nan")
+    return float(np.corrcoef(ra, rb)[0, 1])
+
+
+def spearman_by_structure(values: np.ndarray, labels: np.ndarray, structure_ids: np.ndarray) -> list[dict]:
+    """One entry per structure, in order of first appearance: `structure_id`, `count` and `spearman`
+    (NaN with fewer than 3 records or constant values)."""
+    table = []
+    for sid in dict.fromkeys(structure_ids.tolist()):
+        chosen = structure_ids == sid
+        rho = spearman(values[chosen], labels[chosen]) if chosen.sum() >= 3 else float("nan")
+        table.append(
+            {
+                "structure_id": sid,
+                "count": int(chosen.sum()),
+                "spearman": None if np.isnan(rho) else round_metric(rho),
+            }
+        )
+    return table
+
+
+def mean_spearman(table: list[dict]) -> float:
+    """Mean of the per-structure Spearman correlations that are defined (NaN when none is)."""
+    defined = [entry["spearman"] for entry in table if np.isfinite(entry["spearman"])]
+    return float(np.mean(defined)) if defined else float("nan")
+
+
+def variant_labels(path: str | Path) -> list[float]:
+    """The `label` of every record of a labelled variants file, which must also give a `wildtype_seq`; a
+    `DataError` names each record without them."""
+    labels, errors = [], []
+    for record in load_records(path):
+        data = record.data or {}
+        label = data.get("label")
+        if isinstance(label, bool) or not isinstance(label, (int, float)) or not math.isfinite(label):
+            errors.append(
+                f"{record.location}: label must be a finite number (higher = better), got {label!r}"
+            )
+        elif not data.get("wildtype_seq"):
+            errors.append(f"{record.location}: missing wildtype_seq: a labelled variant needs its wild type")
+        else:
+            labels.append(float(label))
+    if errors:
+        raise DataError("\n".join(errors[:MAX_REPORTED_ERRORS]))
+    return labels
+
+
+@torch.no_grad()
+def evaluate_variants(
+    accelerator: Accelerator,
+    model: ProteinMPNN,
+    variants: PairDataset,
+    labels: Sequence[float],
+    decoding_order: str,
+    seed: int,
+) -> dict[str, float]:
+    """`eval_spearman`: mean over structures of Spearman's correlation between the conditional
+    `delta_logp` and the label (and its median, `eval_spearman_median`); structure groups are shared out
+    over the ranks and every rank gets the same result."""
+    dataset = PreferenceDataset(variants)
+    groups = group_variants(dataset)[accelerator.process_index :: accelerator.num_processes]
+    records = [index for group in groups for index in group.records]
+    mine = conditional_deltas(model, dataset, accelerator.device, decoding_order, seed, records=records)
+    deltas = dict(pair for part in gather_object([mine]) for pair in part.items())
+    indices = np.array(sorted(deltas))
+    table = spearman_by_structure(
+        np.array([deltas[i] for i in indices]),
+        np.asarray(labels, dtype=np.float64)[indices],
+        np.asarray(variants.pairs["structure_id"])[indices],
+    )
+    defined = [entry["spearman"] for entry in table if np.isfinite(entry["spearman"])]
+    return {
+        "eval_spearman": mean_spearman(table),
+        "eval_spearman_median": float(np.median(defined)) if defined else math.nan,
+    }
