@@ -7,8 +7,10 @@ from typing import Literal
 
 from trl import TrlParser
 
-from dpo_inv.loss import LOSS_TYPES
+from dpo_inv.loss import LOSS_TYPES, METRICS
 
+PAIR_METRICS = (*(f"eval_{name}" for name in METRICS), "eval_recovery")
+VARIANT_METRICS = ("eval_spearman", "eval_spearman_median")
 EXIT_BAD_INPUT = 2
 EXIT_INTERRUPTED = 3
 EXIT_NONFINITE = 4
@@ -171,11 +173,13 @@ class DPOConfig:
     save_steps: int | None = field(
         default=None, **_help("Checkpoint every N optimizer steps; default: each epoch.")
     )
-    metric_for_best_model: str = field(
-        default="eval_loss",
+    metric_for_best_model: str | None = field(
+        default=None,
         **_help(
             "The eval metric that picks the model kept in best/: eval_loss, eval_spearman, "
-            "eval_rewards/accuracies, ... (the eval_ prefix may be left out, as in Transformers)."
+            "eval_rewards/accuracies, eval_recovery, ... (the eval_ prefix may be left out, as in "
+            "Transformers); default: eval_loss, or eval_spearman when eval_variants_file is the only "
+            "eval set."
         ),
     )
     greater_is_better: bool | None = field(
@@ -229,14 +233,25 @@ class DPOConfig:
         if self.max_consecutive_nonfinite < 1:
             raise ValueError("max_consecutive_nonfinite must be at least 1")
 
+        self.check_metric_for_best_model()
+
+    def check_metric_for_best_model(self) -> None:
+        has_pairs = self.eval_file is not None or self.eval_split > 0
+        if self.metric_for_best_model is None:
+            only_variants = self.eval_variants_file and not has_pairs
+            self.metric_for_best_model = "eval_spearman" if only_variants else "eval_loss"
         if not self.metric_for_best_model.startswith("eval_"):
             self.metric_for_best_model = f"eval_{self.metric_for_best_model}"
         if self.greater_is_better is None:
             self.greater_is_better = not self.metric_for_best_model.endswith("loss")
-        if self.metric_for_best_model.startswith("eval_spearman") and not self.eval_variants_file:
-            raise ValueError(
-                f"metric_for_best_model {self.metric_for_best_model} needs an eval_variants_file"
-            )
+        metric = self.metric_for_best_model
+        if metric in VARIANT_METRICS and not self.eval_variants_file:
+            raise ValueError(f"metric_for_best_model {metric} needs an eval_variants_file")
+        if metric in PAIR_METRICS and not has_pairs:
+            raise ValueError(f"metric_for_best_model {metric} needs eval pairs (eval_file or eval_split > 0)")
+        known = PAIR_METRICS + VARIANT_METRICS
+        if metric not in known:
+            raise ValueError(f"metric_for_best_model {metric} unknown; choose from {', '.join(known)}")
 
     def to_dict(self) -> dict:
         return asdict(self)

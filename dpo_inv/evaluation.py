@@ -95,12 +95,7 @@ def describe(metrics: dict[str, float]) -> str:
 
 def improved(config: DPOConfig, metrics: dict[str, float], state: TrainerState) -> bool:
     """Is `metric_for_best_model` better than at the model in best/? Records it in `state` if so."""
-    value = metrics.get(config.metric_for_best_model)
-    if value is None:
-        raise ValueError(
-            f"metric_for_best_model {config.metric_for_best_model} is not among the eval metrics "
-            f"({', '.join(metrics)})"
-        )
+    value = metrics[config.metric_for_best_model]
     if not math.isfinite(value):
         return False
     best = state.best_metric

@@ -160,13 +160,7 @@ def spearman_by_structure(values: np.ndarray, labels: np.ndarray, structure_ids:
     for sid in dict.fromkeys(structure_ids.tolist()):
         chosen = structure_ids == sid
         rho = spearman(values[chosen], labels[chosen]) if chosen.sum() >= 3 else float("nan")
-        table.append(
-            {
-                "structure_id": sid,
-                "count": int(chosen.sum()),
-                "spearman": None if np.isnan(rho) else round_metric(rho),
-            }
-        )
+        table.append({"structure_id": sid, "count": int(chosen.sum()), "spearman": rho})
     return table
 
 

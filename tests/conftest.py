@@ -1,6 +1,7 @@
 """Shared paths and helpers: tests run on the real structures and pairs under ../shared and data/."""
 
 import gzip
+import json
 import shutil
 from pathlib import Path
 
@@ -11,6 +12,18 @@ SHARED = ROOT.parent / "shared"
 STRUCTURES = SHARED / "structures"
 SHARED_DATA = SHARED / "data"
 EXAMPLE = ROOT / "data"
+STABILITY = SHARED / "stability"
+
+
+def stability_rows(domains: tuple[str, ...], per_domain: int, stride: int = 7) -> list[dict]:
+    """Every `stride`-th single mutant of each stability domain, up to `per_domain`, with an absolute
+    pdb_file (fields: domain, pdb_file, chain_id, sequence, wildtype_seq, position, score, label)."""
+    rows: dict[str, list[dict]] = {d: [] for d in domains}
+    for line in (STABILITY / "train.jsonl").read_text().splitlines():
+        row = json.loads(line)
+        if row["domain"] in rows:
+            rows[row["domain"]].append({**row, "pdb_file": str(STABILITY / row["pdb_file"])})
+    return [r for d in domains for r in rows[d][::stride][:per_domain]]
 
 
 def gunzip(path: Path, directory: Path) -> Path:

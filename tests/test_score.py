@@ -83,7 +83,7 @@ def test_reference_gives_rewards(tmp_path):
     assert all(r["preferred_reward"] != 0 for r in scored)
 
 
-def test_sequences_with_labels_and_wild_type(tmp_path):
+def test_sequences_with_labels_and_wild_type_full_sequence_scoring(tmp_path):
     native = parse_structure(STRUCTURES / "2xcjA.pdb.gz")["A"].sequence
     sequences = []
     for r in rows_of("2xcjA"):
@@ -92,7 +92,7 @@ def test_sequences_with_labels_and_wild_type(tmp_path):
         sequences.append({**sequences[-1], "sequence": r["unpreferred_seq"], "label": r["unpreferred_score"]})
     out = tmp_path / "scores.jsonl"
     summary = score(ScoreConfig(data=write(tmp_path / "s.jsonl", sequences), output=str(out),
-                                cache_dir=str(tmp_path / "cache")))  # fmt: skip
+                                variant_scoring="full", cache_dir=str(tmp_path / "cache")))  # fmt: skip
     scored = read(out)
     assert summary["count"] == len(sequences) == 16 and summary["spearman_of"] == "delta_logp"
     delta = np.array([r["delta_logp"] for r in scored])

@@ -1,0 +1,89 @@
+"""Alignment on measured stability: scores to pairs to training, with held-out variants picking best/."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+from conftest import ROOT, stability_rows
+from test_train import env, metrics, run, weights
+
+from dpo_inv.model import load_model
+from dpo_inv.score import ScoreConfig, score
+
+EVAL_DOMAINS = ("2ysh_A_4-40", "2op7_A_1-39")
+
+
+def write(path, rows) -> str:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+def mean_spearman(tmp_path, model: str, data: str) -> float:
+    summary = score(ScoreConfig(data=data, output=str(tmp_path / "scores.jsonl"), model=model,
+                                cache_dir=str(tmp_path / "cache")))  # fmt: skip
+    return summary["spearman_per_structure_mean"]
+
+
+def test_eval_spearman_picks_best_and_agrees_with_the_score_command(tmp_path):
+    scored = write(tmp_path / "scored.jsonl", stability_rows(("2ysf_A_7-40",), 400, stride=1))
+    pairs = tmp_path / "pairs.jsonl"
+    built = subprocess.run(
+        [sys.executable, "-m", "dpo_inv.pairs", scored, "--output", str(pairs), "--strategy", "same_position",
+         "--min_margin", "1", "--max_pairs_per_structure", "16", "--cache_dir", str(tmp_path / "cache")],
+        cwd=ROOT, env=env(tmp_path), capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert json.loads(built.stdout)["pairs"] == 16
+    variants = write(tmp_path / "variants.jsonl", stability_rows(EVAL_DOMAINS, 40))
+    output = tmp_path / "run"
+    result = run(
+        tmp_path, "--train_file", str(pairs), "--eval_split", "0", "--eval_variants_file", variants,
+        "--eval_on_start", "--metric_for_best_model", "spearman", "--max_steps", "4", "--eval_steps", "2",
+        "--per_device_train_batch_size", "4", "--learning_rate", "2e-3", "--beta", "1", "--warmup_steps", "0",
+        "--output_dir", str(output),
+    )  # fmt: skip
+    evals = [m for m in metrics(output) if "eval_spearman" in m]
+    assert [m["step"] for m in evals] == [0, 2, 4]
+    assert len({round(m["eval_spearman"], 4) for m in evals}) == 3  # training changed the ranking
+    assert "mean Spearman per structure" in result.stdout + result.stderr
+
+    # the trainer's eval_spearman is what the score command reports for the same model and file
+    assert evals[0]["eval_spearman"] == pytest.approx(
+        mean_spearman(tmp_path, "vanilla/v_48_020", variants), abs=1e-4
+    )
+    assert evals[-1]["eval_spearman"] == pytest.approx(
+        mean_spearman(tmp_path, str(output / "final"), variants), abs=1e-4
+    )
+    best = max(evals, key=lambda m: m["eval_spearman"])
+    assert mean_spearman(tmp_path, str(output / "best"), variants) == pytest.approx(
+        best["eval_spearman"], abs=1e-4
+    )
+    if best["step"] == 0:  # the starting model stays in best/ when training never beats it
+        base = load_model("vanilla/v_48_020").state_dict()
+        for key, value in weights(output / "best").items():
+            torch.testing.assert_close(value, base[key])
+
+
+def test_bad_variants_and_metric_options_stop_with_one_line(tmp_path):
+    variants = stability_rows(EVAL_DOMAINS[:1], 3)
+    variants[1] = {**variants[1], "label": "high"}
+    del variants[2]["wildtype_seq"]
+    path = write(tmp_path / "variants.jsonl", variants)
+    command = [sys.executable, "-m", "dpo_inv.run", "--config", "configs/quick_test.yaml",
+               "--output_dir", str(tmp_path / "out"), "--cache_dir", str(tmp_path / "cache")]  # fmt: skip
+    result = subprocess.run([*command, "--eval_variants_file", path], cwd=ROOT, env=env(tmp_path),
+                            capture_output=True, text=True)  # fmt: skip
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines()[-2:] == [
+        f"{path}:2: label must be a finite number (higher = better), got 'high'",
+        f"{path}:3: missing wildtype_seq: a labelled variant needs its wild type",
+    ]
+    result = subprocess.run([*command, "--metric_for_best_model", "spearman"], cwd=ROOT, env=env(tmp_path),
+                            capture_output=True, text=True)  # fmt: skip
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert (
+        result.stderr.strip()
+        .splitlines()[-1]
+        .endswith("metric_for_best_model eval_spearman needs an eval_variants_file")
+    )

@@ -1,0 +1,122 @@
+"""Conditional variant scoring equals the full-sequence path where it must; Spearman per structure."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pandas
+import pytest
+import torch
+from conftest import ROOT, STABILITY, STRUCTURES, stability_rows
+
+from dpo_inv.data import SEQUENCE_FIELDS, PreferenceDataset, load_pairs
+from dpo_inv.model import load_model
+from dpo_inv.score import ScoreConfig, score
+from dpo_inv.structure import parse_structure
+from dpo_inv.variants import conditional_deltas, spearman, spearman_by_structure
+
+
+def write(path, rows) -> str:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+def read(path) -> list[dict]:
+    return [json.loads(line) for line in open(path)]
+
+
+@pytest.mark.parametrize("decoding_order", ["left_to_right", "random"])
+def test_conditional_equals_full_sequence_with_the_substitution_decoded_last(tmp_path, decoding_order):
+    """With mutable_positions = [the substituted position], the full path decodes that position last after
+    all others, in the same order of the others: its delta_logp must equal the conditional one."""
+    rows = stability_rows(("2ysf_A_7-40",), 12)
+    full = [{**r, "mutable_positions": [r["position"]]} for r in rows]
+    common = {"decoding_order": decoding_order, "num_orders": 2, "cache_dir": str(tmp_path / "cache")}
+    expected = []
+    for i, row in enumerate(full):  # one record per file: the random orders of both paths use its seed
+        out = tmp_path / f"full{i}.jsonl"
+        score(ScoreConfig(data=write(tmp_path / f"v{i}.jsonl", [row]), output=str(out),
+                          variant_scoring="full", **common))  # fmt: skip
+        expected.append(read(out)[0]["delta_logp"])
+        out = tmp_path / f"conditional{i}.jsonl"
+        summary = score(
+            ScoreConfig(data=write(tmp_path / f"c{i}.jsonl", [rows[i]]), output=str(out), **common)
+        )
+        assert summary["variant_scoring"] == "conditional"
+        assert read(out)[0]["delta_logp"] == pytest.approx(expected[-1], abs=1e-4)
+    assert len(set(np.round(expected, 3))) > 6  # real, different effects
+
+
+def test_all_records_of_a_structure_at_once_and_double_mutants_add_up(tmp_path):
+    rows = stability_rows(("2ysf_A_7-40", "2ysh_A_4-40"), 30, stride=3)
+    data = load_pairs(write(tmp_path / "v.jsonl", rows), tmp_path / "cache", fields=SEQUENCE_FIELDS)
+    model = load_model("vanilla/v_48_020").eval()
+    dataset = PreferenceDataset(data)
+    together = conditional_deltas(model, dataset, torch.device("cpu"))
+    one_by_one = {}
+    for i in range(len(rows)):
+        alone = load_pairs(
+            write(tmp_path / f"{i}.jsonl", [rows[i]]), tmp_path / "cache", fields=SEQUENCE_FIELDS
+        )
+        one_by_one[i] = conditional_deltas(model, PreferenceDataset(alone), torch.device("cpu"))[0]
+    assert together == pytest.approx(one_by_one, abs=1e-4)
+
+    # a double mutant scores as the sum of its two single mutants (each decoded last in the wild type)
+    first, second = rows[0], next(r for r in rows[1:30] if r["position"] != rows[0]["position"])
+    double = list(first["sequence"])
+    double[second["position"]] = second["sequence"][second["position"]]
+    records = [first, second, {**first, "sequence": "".join(double)},
+               {**first, "sequence": first["wildtype_seq"]}]  # fmt: skip
+    data = load_pairs(write(tmp_path / "d.jsonl", records), tmp_path / "cache", fields=SEQUENCE_FIELDS)
+    deltas = conditional_deltas(model, PreferenceDataset(data), torch.device("cpu"))
+    assert deltas[2] == pytest.approx(deltas[0] + deltas[1], abs=1e-5)
+    assert deltas[3] == 0.0
+
+
+def test_spearman_per_structure_as_the_field_reports_it(tmp_path):
+    domains = ("2ysf_A_7-40", "2ysh_A_4-40", "2op7_A_1-39")
+    rows = stability_rows(domains, 40)
+    out, table = tmp_path / "scores.jsonl", tmp_path / "per_structure.jsonl"
+    config = ScoreConfig(data=write(tmp_path / "v.jsonl", rows), output=str(out),
+                         per_structure_output=str(table), cache_dir=str(tmp_path / "cache"))  # fmt: skip
+    summary = score(config)
+    scored = pandas.DataFrame(read(out))
+    expected = scored.groupby("domain", sort=False)[["delta_logp", "label"]].corr(method="spearman")
+    per_domain = [expected.loc[(d, "delta_logp"), "label"] for d in domains]
+    written = read(table)
+    assert [w["count"] for w in written] == [40, 40, 40]
+    assert [w["spearman"] for w in written] == pytest.approx(per_domain, abs=1e-4)
+    assert [(w["pdb_file"], w["chains"]) for w in written] == [(f"{STABILITY}/structures/{d}.pdb.gz", ["A"])
+                                                               for d in domains]  # fmt: skip
+    assert summary["structures"] == 3 and summary["labelled"] == 120
+    assert summary["spearman_per_structure_mean"] == pytest.approx(np.mean(per_domain), abs=1e-4)
+    assert summary["spearman_per_structure_median"] == pytest.approx(np.median(per_domain), abs=1e-4)
+    pooled = scored[["delta_logp", "label"]].corr(method="spearman").iloc[0, 1]
+    assert summary["spearman"] == pytest.approx(pooled, abs=1e-4)
+    assert min(per_domain) > 0.2  # the base model ranks stability
+
+
+def test_spearman_by_structure_leaves_out_what_is_undefined():
+    values, labels = np.array([1.0, 2, 3, 1, 2, 5, 5]), np.array([1.0, 2, 3, 3, 2, 1, 2])
+    table = spearman_by_structure(values, labels, np.array([0, 0, 0, 1, 1, 2, 2]))
+    assert [e["count"] for e in table] == [3, 2, 2]
+    assert table[0]["spearman"] == pytest.approx(1.0) and np.isnan(table[1]["spearman"])
+    assert np.isnan(spearman(np.array([5.0, 5, 5]), np.array([1.0, 2, 3])))
+
+
+def test_a_substitution_at_a_residue_without_backbone_is_refused(tmp_path):
+    native = parse_structure(STRUCTURES / "1mr1D_failing.pdb.gz")["D"].sequence  # residue 2 lacks C and O
+    variant = native[:2] + ("A" if native[2] != "A" else "G") + native[3:]
+    row = {"pdb_file": str(STRUCTURES / "1mr1D_failing.pdb.gz"), "chain_id": "D", "sequence": variant,
+           "wildtype_seq": native, "label": 1.0}  # fmt: skip
+    command = [sys.executable, "-m", "dpo_inv.score", "--data", write(tmp_path / "v.jsonl", [row]),
+               "--output", str(tmp_path / "o.jsonl"), "--cache_dir", str(tmp_path / "cache")]  # fmt: skip
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines() == [
+        f"error: substitution at position 2 of a residue without backbone coordinates (structure "
+        f"{STRUCTURES / '1mr1D_failing.pdb.gz'}); it cannot be scored"
+    ]
+    full = subprocess.run([*command, "--variant_scoring", "full"], cwd=ROOT, capture_output=True, text=True)
+    assert full.returncode == 0  # the full path leaves the unobserved residue out of log p
