@@ -5,7 +5,11 @@ PY := $(VENV)/bin/python
 # CPU wheel first, so nothing pulls CUDA packages; on a GPU machine use e.g. TORCH="torch --index-url ...".
 TORCH ?= torch==2.13.0
 
-.PHONY: setup example test lint clean
+# Measured stability (ΔΔG of single mutants): the scored variants and where the stability run writes
+STABILITY ?= ../shared/stability/train.jsonl
+STABILITY_DIR := outputs/stability
+
+.PHONY: setup example stability test lint clean
 
 setup: $(VENV)/.installed
 
@@ -19,6 +23,13 @@ $(VENV)/.installed: setup.cfg pyproject.toml
 
 example: setup
 	$(PY) -m dpo_inv.run --config configs/example.yaml
+
+# held-out domains (homologues kept together) pick the best model; pairs of mutants at one position train it
+stability: setup
+	$(PY) scripts/split_by_domain.py $(STABILITY) --output_dir $(STABILITY_DIR)/data --held_out 0.15 --seed 0
+	$(PY) -m dpo_inv.pairs $(STABILITY_DIR)/data/train.jsonl --output $(STABILITY_DIR)/data/pairs.jsonl \
+		--strategy same_position --min_margin 1 --max_pairs_per_structure 60 --seed 0
+	$(PY) -m dpo_inv.run --config configs/stability.yaml
 
 test: setup
 	$(PY) -m ruff check dpo_inv tests scripts

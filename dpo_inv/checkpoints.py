@@ -25,6 +25,7 @@ class TrainerState:
     epoch: int = 0
     batches_in_epoch: int = 0  # micro-batches of `epoch` already consumed
     best_metric: float | None = None  # of metric_for_best_model, at the model saved in best/
+    best_step: int | None = None  # the step of that model
 
     def save(self, directory: Path) -> None:
         """Written last, with the size of every file of the checkpoint: a damaged checkpoint is recognised."""

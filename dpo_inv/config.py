@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
+from accelerate.utils import LoggerType
 from trl import TrlParser
 
 from dpo_inv.loss import LOSS_TYPES, METRICS
@@ -182,6 +183,10 @@ class DPOConfig:
             "eval set."
         ),
     )
+    load_best_model_at_end: bool = field(
+        default=False,
+        **_help("Save the model of the best eval (best/) as final/, instead of the last one."),
+    )
     greater_is_better: bool | None = field(
         default=None,
         **_help("Whether a larger metric_for_best_model is better; default: false for a loss, else true."),
@@ -217,6 +222,10 @@ class DPOConfig:
     )
 
     def __post_init__(self) -> None:
+        trackers = ("none", *(t.value for t in LoggerType))
+        unknown = [name for name in self.report_to if name not in trackers]
+        if unknown:
+            raise ValueError(f"report_to {unknown} unknown; choose from {', '.join(trackers)}")
         bad = [t for t in self.loss_type if t not in LOSS_TYPES]
         if bad:
             raise ValueError(f"loss_type {bad} unknown; choose from {', '.join(LOSS_TYPES)}")
@@ -257,10 +266,21 @@ class DPOConfig:
         return asdict(self)
 
 
+class ConfigParser(TrlParser):
+    """TRL's parser, taking a single value where a field holds a list (`report_to: none`, `loss_type: ipo`)
+    in YAML too, as Transformers and TRL users write it."""
+
+    def set_defaults_with_config(self, **kwargs: Any) -> list[str]:
+        for action in self._actions:
+            if action.nargs in ("+", "*") and isinstance(kwargs.get(action.dest), (str, int, float)):
+                kwargs[action.dest] = [kwargs[action.dest]]
+        return super().set_defaults_with_config(**kwargs)
+
+
 def parse_config(args: list[str] | None = None) -> DPOConfig:
     """`--config FILE.yaml` plus `--field value` overrides (command line wins); a bad value exits with
     status 2 and a one-line message, as argparse does."""
-    parser = TrlParser(dataclass_types=[DPOConfig], epilog=EPILOG)
+    parser = ConfigParser(dataclass_types=[DPOConfig], epilog=EPILOG)
     try:
         (config,) = parser.parse_args_and_config(args)
     except ValueError as err:

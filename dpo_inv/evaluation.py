@@ -101,5 +101,5 @@ def improved(config: DPOConfig, metrics: dict[str, float], state: TrainerState) 
     best = state.best_metric
     if best is not None and (value <= best if config.greater_is_better else value >= best):
         return False
-    state.best_metric = value
+    state.best_metric, state.best_step = value, state.global_step
     return True

@@ -6,6 +6,7 @@ import importlib.util
 import json
 import math
 import os
+import shutil
 import signal
 import threading
 import time
@@ -500,8 +501,16 @@ def train(config: DPOConfig) -> dict[str, float]:
         raise stop
 
     check_replicas_agree(accelerator, model)
-    save_model(accelerator, model, output_dir / "final")
     done = f"{describe(eval_metrics)}; " if eval_metrics else ""
+    if config.load_best_model_at_end and state.best_step is not None:
+        if accelerator.is_main_process:
+            shutil.copytree(output_dir / "best", output_dir / "final", dirs_exist_ok=True)
+        accelerator.wait_for_everyone()
+        done += (
+            f"best {config.metric_for_best_model} {state.best_metric:.4f} at step {state.best_step}: that "
+        )
+    else:
+        save_model(accelerator, model, output_dir / "final")
     accelerator.print(f"Done: {done}model saved to {output_dir / 'final'}")
     if accelerator.is_main_process and importlib.util.find_spec("matplotlib") is not None:
         plot(output_dir)

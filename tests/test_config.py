@@ -20,10 +20,30 @@ def test_yaml_then_command_line(tmp_path):
     assert config.loss_type == ["sigmoid", "hinge"] and config.loss_weights == [1.0, 0.5]
 
 
+def test_a_single_value_where_a_list_is_expected(tmp_path):
+    """`report_to: none` and `loss_type: ipo`, as Transformers and TRL users write them, in YAML too."""
+    path = tmp_path / "c.yaml"
+    path.write_text("report_to: none\nloss_type: ipo\nstructure_root: /data\n")
+    config = parse_config(["--config", str(path)])
+    assert (config.report_to, config.loss_type, config.structure_root) == (["none"], ["ipo"], ["/data"])
+    config = parse_config(["--config", str(path), "--report_to", "none", "--loss_type", "sigmoid", "hinge"])
+    assert (config.report_to, config.loss_type) == (["none"], ["sigmoid", "hinge"])
+
+
+def test_an_unknown_tracker_stops_with_the_valid_names():
+    result = subprocess.run([sys.executable, "-m", "dpo_inv.run", "--report_to", "tensorbord"],
+                            cwd=ROOT, capture_output=True, text=True)  # fmt: skip
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert "report_to ['tensorbord'] unknown; choose from none, all, aim, tensorboard, wandb" in last
+
+
 def test_example_configs_parse():
     for name in ("example", "quick_test"):
         config = parse_config(["--config", str(ROOT / "configs" / f"{name}.yaml")])
         assert (ROOT / config.train_file).is_file()
+    config = parse_config(["--config", str(ROOT / "configs" / "stability.yaml")])
+    assert config.metric_for_best_model == "eval_spearman" and config.load_best_model_at_end
 
 
 @pytest.mark.parametrize(
@@ -33,11 +53,25 @@ def test_example_configs_parse():
         ({"loss_type": ["sigmoid", "ipo"], "loss_weights": [1.0]}, "one weight per loss_type"),
         ({"reference_free": True, "precompute_ref_log_probs": True}, "exclude each other"),
         ({"loss_type": ["robust"], "label_smoothing": 0.5}, "label_smoothing"),
+        ({"metric_for_best_model": "spearman"}, "needs an eval_variants_file"),
+        ({"metric_for_best_model": "accuracy"}, "eval_accuracy unknown; choose from eval_loss"),
+        (
+            {"eval_split": 0, "eval_variants_file": "v.jsonl", "metric_for_best_model": "loss"},
+            "needs eval pairs",
+        ),
     ],
 )
 def test_invalid_combinations(fields, message):
     with pytest.raises(ValueError, match=message):
         DPOConfig(**fields)
+
+
+def test_metric_for_best_model_as_in_transformers():
+    config = DPOConfig(metric_for_best_model="rewards/accuracies")
+    assert (config.metric_for_best_model, config.greater_is_better) == ("eval_rewards/accuracies", True)
+    assert (DPOConfig().metric_for_best_model, DPOConfig().greater_is_better) == ("eval_loss", False)
+    only_variants = DPOConfig(eval_split=0, eval_variants_file="v.jsonl")
+    assert (only_variants.metric_for_best_model, only_variants.greater_is_better) == ("eval_spearman", True)
 
 
 def test_help_lists_every_field_with_its_default():

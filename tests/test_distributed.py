@@ -10,7 +10,7 @@ import sys
 
 import pytest
 import torch
-from conftest import ROOT
+from conftest import ROOT, stability_rows
 from test_train import metrics, run, small_pairs, weights
 
 PY = sys.executable
@@ -50,10 +50,15 @@ COMMON = ("--max_steps", "4", "--learning_rate", "3e-4", "--warmup_steps", "0", 
 def single_process(tmp_path_factory):
     tmp_path = tmp_path_factory.mktemp("single")
     train, evaluation = small_pairs(tmp_path), small_pairs(tmp_path, "eval.jsonl", limit=7)
+    variants = tmp_path / "variants.jsonl"  # two structures: each rank scores one
+    variants.write_text(
+        "".join(json.dumps(r) + "\n" for r in stability_rows(("2ysf_A_7-40", "2ysh_A_4-40"), 20))
+    )
     output = tmp_path / "out"
     run(tmp_path, "--train_file", str(train), "--eval_file", str(evaluation), "--output_dir", str(output),
-        "--per_device_train_batch_size", "4", *COMMON)  # fmt: skip
-    return train, evaluation, output
+        "--eval_variants_file", str(variants), "--per_device_train_batch_size", "4", *COMMON)  # fmt: skip
+    assert "eval_spearman" in metrics(output)[-1]
+    return train, evaluation, variants, output
 
 
 def data_order(output) -> list[list[list[int]]]:
@@ -64,11 +69,12 @@ def data_order(output) -> list[list[list[int]]]:
 def test_two_processes_match_one_process_with_the_same_global_batch(tmp_path, single_process, name):
     if name in ("mpiexec", "aurora_script") and shutil.which("mpiexec") is None:
         pytest.skip("no mpiexec on this machine (.ci/run installs MPICH)")
-    train, evaluation, single = single_process
+    train, evaluation, variants, single = single_process
     command, extra_env = launchers(free_port())[name]
     output = tmp_path / "out"
     result = run(tmp_path, "--train_file", str(train), "--eval_file", str(evaluation),
-                 "--output_dir", str(output), "--per_device_train_batch_size", "2", *COMMON,
+                 "--eval_variants_file", str(variants), "--output_dir", str(output),
+                 "--per_device_train_batch_size", "2", *COMMON,
                  command=command, extra_env=extra_env)  # fmt: skip
     log = result.stdout + result.stderr
     assert "2 process(es) on cpu" in log and "gloo backend" in log

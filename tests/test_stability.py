@@ -39,7 +39,8 @@ def test_eval_spearman_picks_best_and_agrees_with_the_score_command(tmp_path):
     output = tmp_path / "run"
     result = run(
         tmp_path, "--train_file", str(pairs), "--eval_split", "0", "--eval_variants_file", variants,
-        "--eval_on_start", "--metric_for_best_model", "spearman", "--max_steps", "4", "--eval_steps", "2",
+        "--eval_on_start", "--metric_for_best_model", "spearman", "--load_best_model_at_end",
+        "--max_steps", "4", "--eval_steps", "2",
         "--per_device_train_batch_size", "4", "--learning_rate", "2e-3", "--beta", "1", "--warmup_steps", "0",
         "--output_dir", str(output),
     )  # fmt: skip
@@ -52,13 +53,16 @@ def test_eval_spearman_picks_best_and_agrees_with_the_score_command(tmp_path):
     assert evals[0]["eval_spearman"] == pytest.approx(
         mean_spearman(tmp_path, "vanilla/v_48_020", variants), abs=1e-4
     )
-    assert evals[-1]["eval_spearman"] == pytest.approx(
-        mean_spearman(tmp_path, str(output / "final"), variants), abs=1e-4
-    )
     best = max(evals, key=lambda m: m["eval_spearman"])
     assert mean_spearman(tmp_path, str(output / "best"), variants) == pytest.approx(
         best["eval_spearman"], abs=1e-4
     )
+    assert f"best eval_spearman {best['eval_spearman']:.4f} at step {best['step']}: that model saved" in (
+        result.stdout + result.stderr
+    )
+    final = weights(output / "final")  # load_best_model_at_end: final/ is the best model
+    for key, value in weights(output / "best").items():
+        torch.testing.assert_close(final[key], value, atol=0, rtol=0)
     if best["step"] == 0:  # the starting model stays in best/ when training never beats it
         base = load_model("vanilla/v_48_020").state_dict()
         for key, value in weights(output / "best").items():
