@@ -325,12 +325,13 @@ def build_structures(
     target = cache_root / f"structures-{_fingerprint(keys)}"
     if target.is_dir():
         return datasets.load_from_disk(str(target)), target, True
+    keys_table = {
+        "path": [k[0] for k in keys],
+        "design_chains": [list(k[1]) for k in keys],
+        "fixed_chains": [list(k[2]) for k in keys],
+    }  # typed: a column of empty lists would otherwise be read as nulls, which no feature can follow
     table = datasets.Dataset.from_dict(
-        {
-            "path": [k[0] for k in keys],
-            "design_chains": [list(k[1]) for k in keys],
-            "fixed_chains": [list(k[2]) for k in keys],
-        }
+        keys_table, features=datasets.Features({name: STRUCTURE_FEATURES[name] for name in keys_table})
     ).map(
         _featurize_structure,
         features=STRUCTURE_FEATURES,

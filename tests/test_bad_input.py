@@ -189,3 +189,52 @@ def test_an_eval_split_that_leaves_nothing_to_train_on_exits_2(tmp_path):
     assert result.stderr.strip().splitlines()[-1] == (
         f"{data}: eval_split=0.5 leaves no training structure out of 1; lower eval_split or give an eval_file"
     )
+
+
+def all_bad(tmp_path: Path, fields: dict) -> Path:
+    """Records whose structures none can be parsed (so no column of the structure table gets a value)."""
+    names = ("truncated.pdb", "empty.pdb", "no_coordinates.cif")
+    path = tmp_path / "all_bad.jsonl"
+    path.write_text("".join(json.dumps({"pdb_file": str(STRUCTURES / n), **fields}) + "\n" for n in names))
+    return path
+
+
+PAIR = {"preferred_seq": "ACD", "unpreferred_seq": "ACE"}
+
+
+@pytest.mark.parametrize("on_bad_record", ["fail", "skip"])
+def test_no_structure_parses_reports_every_record(tmp_path, on_bad_record):
+    path = all_bad(tmp_path, PAIR)
+    with pytest.raises(DataError) as raised:
+        load_pairs(path, tmp_path / "cache", on_bad_record=on_bad_record)
+    lines = str(raised.value).splitlines()
+    assert [line.split(": ")[0] for line in lines[:3]] == [f"{path}:{i}" for i in (1, 2, 3)]
+    assert "empty file" in lines[1] and "_atom_site.id missing" in lines[2]
+    if on_bad_record == "skip":
+        assert lines[3] == f"{path}: no usable record among 3; fix the records above"
+
+
+@pytest.mark.parametrize("option", ["--eval_file", "--eval_variants_file"])
+def test_an_eval_file_of_bad_structures_stops_training_with_one_line_each(tmp_path, option):
+    fields = PAIR if option == "--eval_file" else {"sequence": "ACD", "wildtype_seq": "ACE", "label": 1.0}
+    bad = all_bad(tmp_path, fields)
+    result = subprocess.run(
+        [*TRAIN, "--train_file", str(ROOT / "data" / "pairs" / "train.jsonl"), option, str(bad),
+         "--output_dir", str(tmp_path / "out"), "--cache_dir", str(tmp_path / "cache"), *QUICK],
+        cwd=ROOT, env=env(tmp_path), capture_output=True, text=True,
+    )  # fmt: skip
+    assert result.returncode == EXIT_BAD_INPUT and "Traceback" not in result.stderr
+    reported = [line for line in result.stderr.splitlines() if line.startswith(str(bad))]
+    assert [line.split(": ")[0] for line in reported] == [f"{bad}:{i}" for i in (1, 2, 3)]
+
+
+@pytest.mark.parametrize("command", ["dpo_inv.pairs", "dpo_inv.score"])
+def test_scored_and_scoring_commands_on_bad_structures(tmp_path, command):
+    bad = all_bad(tmp_path, {"sequence": "ACD", "score": 1.0, "wildtype_seq": "ACE", "label": 1.0})
+    result = subprocess.run(
+        [sys.executable, "-m", command, "--data", str(bad), "--output", str(tmp_path / "out.jsonl"),
+         "--cache_dir", str(tmp_path / "cache")],
+        cwd=ROOT, env=env(tmp_path), capture_output=True, text=True,
+    )  # fmt: skip
+    assert result.returncode == EXIT_BAD_INPUT and "Traceback" not in result.stderr
+    assert f"{bad}:3: {STRUCTURES / 'no_coordinates.cif'}: no atomic coordinates found" in result.stderr
