@@ -256,7 +256,7 @@ class DPOConfig:
         metric = self.metric_for_best_model
         if metric in VARIANT_METRICS and not self.eval_variants_file:
             raise ValueError(f"metric_for_best_model {metric} needs an eval_variants_file")
-        if metric in PAIR_METRICS and not has_pairs:
+        if metric in PAIR_METRICS and not has_pairs and self.eval_variants_file:
             raise ValueError(f"metric_for_best_model {metric} needs eval pairs (eval_file or eval_split > 0)")
         known = PAIR_METRICS + VARIANT_METRICS
         if metric not in known:

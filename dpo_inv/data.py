@@ -20,8 +20,10 @@ from torch.utils.data import Dataset as TorchDataset
 from torch.utils.data import Sampler
 from transformers.trainer_pt_utils import get_length_grouped_indices
 
+from dpo_inv.progress import progress, quiet_datasets
 from dpo_inv.structure import ALPHABET, StructureError, featurize, parse_structure, tokenize
 
+PARSE_CHUNK = 512  # structures parsed between two progress updates
 FEATURES_VERSION = "1"  # bump when the stored structure features change
 FORMATS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
 ALIASES = {"structure": "pdb_file", "chosen": "preferred_seq", "rejected": "unpreferred_seq"}
@@ -324,7 +326,8 @@ def build_structures(
     cache_root = Path(cache_dir) if cache_dir else default_cache_dir()
     target = cache_root / f"structures-{_fingerprint(keys)}"
     if target.is_dir():
-        return datasets.load_from_disk(str(target)), target, True
+        with quiet_datasets():
+            return datasets.load_from_disk(str(target)), target, True
     keys_table = {
         "path": [k[0] for k in keys],
         "design_chains": [list(k[1]) for k in keys],
@@ -332,15 +335,23 @@ def build_structures(
     }  # typed: a column of empty lists would otherwise be read as nulls, which no feature can follow
     table = datasets.Dataset.from_dict(
         keys_table, features=datasets.Features({name: STRUCTURE_FEATURES[name] for name in keys_table})
-    ).map(
-        _featurize_structure,
-        features=STRUCTURE_FEATURES,
-        num_proc=num_proc if num_proc and num_proc > 1 and len(keys) > 1 else None,
-        desc="Parsing structures",
-        keep_in_memory=True,
     )
-    _save_atomically(table, target)
-    return datasets.load_from_disk(str(target)), target, False
+    parts = []
+    with quiet_datasets(), progress(total=len(keys), desc="Parsing structures", unit="structure",
+                                    disable=len(keys) <= PARSE_CHUNK) as bar:  # fmt: skip
+        for start in range(0, len(keys), PARSE_CHUNK):
+            chunk = table.select(range(start, min(start + PARSE_CHUNK, len(keys))))
+            parts.append(
+                chunk.map(
+                    _featurize_structure,
+                    features=STRUCTURE_FEATURES,
+                    num_proc=num_proc if num_proc and num_proc > 1 and len(chunk) > 1 else None,
+                    keep_in_memory=True,
+                )
+            )
+            bar.update(len(chunk))
+        _save_atomically(datasets.concatenate_datasets(parts), target)
+        return datasets.load_from_disk(str(target)), target, False
 
 
 def _mutable_mask(record: dict, num_designed: int) -> np.ndarray:
@@ -475,10 +486,12 @@ def load_pairs(
         ).encode()
     ).hexdigest()[:20]  # fmt: skip
     pairs_dir = structures_dir.parent / f"pairs-{digest}"
-    if not pairs_dir.is_dir():
-        _save_atomically(datasets.Dataset.from_dict(columns, features=PAIR_FEATURES), pairs_dir)
+    with quiet_datasets():
+        if not pairs_dir.is_dir():
+            _save_atomically(datasets.Dataset.from_dict(columns, features=PAIR_FEATURES), pairs_dir)
+        pairs = datasets.load_from_disk(str(pairs_dir))
     return PairDataset(
-        pairs=datasets.load_from_disk(str(pairs_dir)),
+        pairs=pairs,
         structures=structures,
         source=str(path),
         skipped=skipped,
@@ -489,12 +502,9 @@ def load_pairs(
 def load_saved_pairs(files: tuple[str, str], source: str) -> PairDataset:
     """The pairs another process has loaded and validated (its `PairDataset.files`)."""
     pairs_dir, structures_dir = files
-    return PairDataset(
-        pairs=datasets.load_from_disk(pairs_dir),
-        structures=datasets.load_from_disk(structures_dir),
-        source=source,
-        files=files,
-    )
+    with quiet_datasets():
+        pairs, structures = datasets.load_from_disk(pairs_dir), datasets.load_from_disk(structures_dir)
+    return PairDataset(pairs=pairs, structures=structures, source=source, files=files)
 
 
 def _raise(errors: list[str]) -> None:

@@ -20,8 +20,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from transformers import PretrainedConfig, PreTrainedModel
+from transformers.utils import logging as transformers_logging
 
 OFFICIAL_CHECKPOINT_NAME = "proteinmpnn.pt"
+# one small file per model: no "Loading weights" or "Writing model shards" bars
+transformers_logging.disable_progress_bar()
 MODEL_FAMILIES = ("vanilla", "soluble", "ca")
 
 _NUM_RBF = 16

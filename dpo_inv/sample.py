@@ -38,6 +38,7 @@ from dpo_inv.model import (
     scatter_sample_nodes,
     sequence_log_probs,
 )
+from dpo_inv.progress import progress
 from dpo_inv.structure import ALPHABET, AMINO_ACIDS, Chain, StructureError, featurize, parse_structure
 
 STRUCTURE_SUFFIXES = (".gz", ".pdb", ".ent", ".cif", ".mmcif")
@@ -401,14 +402,17 @@ def sample(config: SampleConfig) -> None:
     model = load_model(config.model).to(resolve_device(config.device)).eval()
     output = Path(config.output_dir)
     output.mkdir(parents=True, exist_ok=True)
-    with open(output / "samples.jsonl", "w", encoding="utf-8") as jsonl:
-        for design in designs:
+    with (
+        open(output / "samples.jsonl", "w", encoding="utf-8") as jsonl,
+        progress(designs, desc="Sampling", unit="structure", disable=len(designs) < 2) as bar,
+    ):
+        for design in bar:
             records = sample_structure(model, design, config, bias)
             fasta = output / f"{design.name}.fa"
             with open(fasta, "w", encoding="utf-8") as handle:
                 write_fasta(handle, design.name, records)
             jsonl.writelines(json.dumps(r) + "\n" for r in records)
-            print(
+            bar.write(
                 f"{design.name}: {len(records)} samples of chains {','.join(design.design_chains)}, "
                 f"mean log-likelihood {np.mean([r['log_likelihood'] for r in records]):.3f}, "
                 f"mean recovery {np.mean([r['recovery'] for r in records]):.3f} -> {fasta}"

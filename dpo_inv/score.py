@@ -119,8 +119,8 @@ def score_pairs(rows: list[dict], policy: PairLogps, reference: PairLogps | None
             row.update(preferred_reward=float(chosen_reward[i]), unpreferred_reward=float(rejected_reward[i]))
         margin = chosen_reward - rejected_reward
     return {
-        "accuracy": float((margin > 0).float().mean()),
-        "mean_margin": float(margin.mean()),
+        "accuracy": round_metric((margin > 0).float().mean()),
+        "mean_margin": round_metric(margin.mean()),
         "accuracy_by": "reward" if reference is not None else "logp",
     }
 

@@ -24,7 +24,6 @@ import yaml
 from accelerate import Accelerator
 from accelerate.utils import InitProcessGroupKwargs, TorchDynamoPlugin, broadcast_object_list, set_seed
 from torch.utils.data import DataLoader
-from tqdm.auto import tqdm
 from transformers import get_scheduler
 
 from dpo_inv.checkpoints import TrainerState, find_checkpoint, save_checkpoint, save_model
@@ -46,6 +45,7 @@ from dpo_inv.loss import METRICS, batch_ranks, pair_logps
 from dpo_inv.model import ProteinMPNN, load_model
 from dpo_inv.objective import step_metrics
 from dpo_inv.plot import plot
+from dpo_inv.progress import progress
 from dpo_inv.variants import LabelledVariants, variant_labels
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)  # what PBS and SLURM send before the walltime
@@ -213,7 +213,7 @@ def precompute_reference(
         DataLoader(PreferenceDataset(data), batch_size=config.per_device_eval_batch_size, collate_fn=collate)
     )
     chosen, rejected = [], []
-    for batch in tqdm(loader, desc="Reference log-probs", disable=not accelerator.is_main_process):
+    for batch in progress(loader, desc="Reference log-probs", disable=not accelerator.is_main_process):
         logps = pair_logps(
             reference,
             batch,
@@ -331,6 +331,14 @@ def train(config: DPOConfig) -> dict[str, float]:
     train_data, eval_data, variants = load_data(accelerator, config)
 
     model, reference = load_models(config, accelerator.device)
+    accelerator.print(
+        f"Policy {config.model_name_or_path}; reference "
+        + (
+            "none"
+            if config.reference_free
+            else config.ref_model_name_or_path or "the policy's starting weights"
+        )
+    )
     if config.precompute_ref_log_probs:
         train_data = precompute_reference(accelerator, reference, train_data, config)
         if eval_data is not None:
@@ -405,8 +413,12 @@ def train(config: DPOConfig) -> dict[str, float]:
         if improved(config, eval_metrics, state):
             save_model(accelerator, model, output_dir / "best")
     model.train()
-    progress = tqdm(
-        total=total_steps, initial=state.global_step, disable=not accelerator.is_main_process, desc="DPO"
+    bar = progress(
+        total=total_steps,
+        initial=state.global_step,
+        disable=not accelerator.is_main_process,
+        desc="DPO",
+        unit="step",
     )
     totals, count, grad_norm = torch.zeros(len(METRICS), dtype=torch.float64), 0, torch.tensor(0.0)
     finite, skipped, nonfinite_in_a_row = True, 0, 0
@@ -461,8 +473,8 @@ def train(config: DPOConfig) -> dict[str, float]:
                     stop = diverged(output_dir, state.global_step, nonfinite_in_a_row)
                 elif signalled and state.global_step < total_steps:
                     stop = interrupted(output_dir, state.global_step, total_steps)
-                progress.update(1)
-                progress.set_postfix(loss=f"{totals[0] / count:.4f}")
+                bar.update(1)
+                bar.set_postfix(loss=f"{totals[0] / count:.4f}", refresh=False)
                 if state.global_step % config.logging_steps == 0 or state.global_step == total_steps or stop:
                     now = time.perf_counter()
                     metrics = dict(zip(METRICS, (totals / count).tolist(), strict=True))
@@ -485,7 +497,7 @@ def train(config: DPOConfig) -> dict[str, float]:
                     )
                     log(accelerator, output_dir, eval_metrics, state.global_step)
                     if accelerator.is_main_process:
-                        progress.write(f"step {state.global_step}: {describe(eval_metrics)}")
+                        bar.write(f"step {state.global_step}: {describe(eval_metrics)}")
                     if improved(config, eval_metrics, state):
                         save_model(accelerator, model, output_dir / "best")
                 if state.global_step % save_every == 0 or state.global_step == total_steps or stop:
@@ -494,7 +506,7 @@ def train(config: DPOConfig) -> dict[str, float]:
                     break
             if stop or state.global_step >= total_steps:
                 break
-    progress.close()
+    bar.close()
     if stop:
         accelerator.print(stop)
         accelerator.end_training()

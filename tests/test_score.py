@@ -78,8 +78,8 @@ def test_reference_gives_rewards(tmp_path):
     scored = read(out)
     margins = [(r["preferred_reward"] - r["unpreferred_reward"]) for r in scored]
     assert summary["accuracy_by"] == "reward"
-    assert summary["accuracy"] == pytest.approx(np.mean([m > 0 for m in margins]))
-    assert summary["mean_margin"] == pytest.approx(np.mean(margins), rel=1e-5)
+    assert summary["accuracy"] == pytest.approx(np.mean([m > 0 for m in margins]), abs=1e-4)  # rounded
+    assert summary["mean_margin"] == pytest.approx(np.mean(margins), abs=1e-4)
     assert all(r["preferred_reward"] != 0 for r in scored)
 
 
@@ -98,7 +98,7 @@ def test_sequences_with_labels_and_wild_type_full_sequence_scoring(tmp_path):
     delta = np.array([r["delta_logp"] for r in scored])
     labels = np.array([r["label"] for r in scored])
     expected = pandas.DataFrame({"a": delta, "b": labels}).corr(method="spearman").iloc[0, 1]
-    assert summary["spearman"] == pytest.approx(expected)
+    assert summary["spearman"] == pytest.approx(expected, abs=1e-4)
     for r in scored:
         assert r["logp_per_residue"] == pytest.approx(r["logp"] / len(native), rel=1e-5)
 
