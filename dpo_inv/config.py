@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from importlib.util import find_spec
 from typing import Any, Literal
 
 from accelerate.utils import LoggerType
@@ -10,6 +11,10 @@ from trl import TrlParser
 
 from dpo_inv.loss import LOSS_TYPES, METRICS
 
+TRACKER_PACKAGES = {  # the package each Accelerate tracker needs
+    "tensorboard": "tensorboard", "wandb": "wandb", "comet_ml": "comet-ml", "mlflow": "mlflow", "aim": "aim",
+    "clearml": "clearml", "dvclive": "dvclive", "swanlab": "swanlab", "trackio": "trackio",
+}  # fmt: skip
 PAIR_METRICS = (*(f"eval_{name}" for name in METRICS), "eval_recovery")
 VARIANT_METRICS = ("eval_spearman", "eval_spearman_median")
 EXIT_BAD_INPUT = 2
@@ -226,6 +231,13 @@ class DPOConfig:
         unknown = [name for name in self.report_to if name not in trackers]
         if unknown:
             raise ValueError(f"report_to {unknown} unknown; choose from {', '.join(trackers)}")
+        missing = [name for name in self.report_to if name in TRACKER_PACKAGES and not find_spec(name)]
+        if missing:
+            packages = " ".join(TRACKER_PACKAGES[name] for name in missing)
+            raise ValueError(
+                f"report_to {', '.join(missing)}: not installed; pip install {packages} (the trackers "
+                "extra has tensorboard and wandb: pip install 'dpo_inv[trackers]')"
+            )
         bad = [t for t in self.loss_type if t not in LOSS_TYPES]
         if bad:
             raise ValueError(f"loss_type {bad} unknown; choose from {', '.join(LOSS_TYPES)}")
@@ -264,6 +276,10 @@ class DPOConfig:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    def to_sanitized_dict(self) -> dict:
+        """The configuration as trackers take it (TensorBoard's hyperparameters): lists and None as text."""
+        return {k: v if isinstance(v, (bool, int, float, str)) else str(v) for k, v in self.to_dict().items()}
 
 
 class ConfigParser(TrlParser):

@@ -396,7 +396,7 @@ def train(config: DPOConfig) -> dict[str, float]:
     if accelerator.is_main_process:
         output_dir.mkdir(parents=True, exist_ok=True)
         (output_dir / "config.yaml").write_text(yaml.safe_dump(config.to_dict(), sort_keys=False))
-    accelerator.init_trackers(config.run_name, config=config.to_dict())
+    accelerator.init_trackers(config.run_name, config=config.to_sanitized_dict())
     accelerator.print(
         f"{len(train_set)} training pairs, {0 if eval_data is None else len(eval_data.pairs)} eval pairs; "
         f"{accelerator.num_processes} process(es) on {accelerator.device} ({setup}); batch "

@@ -188,3 +188,24 @@ def test_torch_compile_trains_as_eager_and_saves_plain_models(tmp_path):
     assert compiled.keys() == eager.keys() == load_model("vanilla/v_48_020").state_dict().keys()
     for key in eager:
         torch.testing.assert_close(compiled[key], eager[key], atol=1e-5, rtol=1e-4)
+
+
+def test_trackers_write_their_logs(tmp_path):
+    """tensorboard and wandb (offline) as a user asks for them: each writes its run."""
+    output = tmp_path / "run"
+    run(tmp_path, "--train_file", str(small_pairs(tmp_path, limit=4)), "--eval_split", "0",
+        "--max_steps", "2", "--per_device_train_batch_size", "2", "--logging_steps", "1",
+        "--output_dir", str(output), "--report_to", "tensorboard", "wandb", "--run_name", "trackers",
+        extra_env={"WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path), "WANDB_SILENT": "true"})  # fmt: skip
+    events = list((output / "trackers").glob("events.out.tfevents.*"))
+    assert events and events[0].stat().st_size > 0
+    wandb_runs = list((tmp_path / "wandb").glob("offline-run-*"))
+    assert len(wandb_runs) == 1 and list(wandb_runs[0].glob("*.wandb"))
+
+
+def test_a_tracker_that_is_not_installed_stops_before_training(monkeypatch):
+    import dpo_inv.config
+
+    monkeypatch.setattr(dpo_inv.config, "find_spec", lambda name: None)
+    with pytest.raises(ValueError, match=r"report_to wandb: not installed; pip install wandb \(the trackers"):
+        DPOConfig(report_to=["wandb"])
