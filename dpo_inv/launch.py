@@ -15,13 +15,16 @@ from dataclasses import dataclass
 
 import torch
 
-# (rank, world size, local rank candidates) per launcher, in order of precedence
+# (rank, world size, local rank candidates, local size candidates) per launcher, in order of precedence
 LAUNCHERS = {
-    "mpich": ("PMI_RANK", "PMI_SIZE", ("PALS_LOCAL_RANKID", "PMI_LOCAL_RANK", "MPI_LOCALRANKID")),
-    "openmpi": ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", ("OMPI_COMM_WORLD_LOCAL_RANK",)),
-    "mvapich": ("MV2_COMM_WORLD_RANK", "MV2_COMM_WORLD_SIZE", ("MV2_COMM_WORLD_LOCAL_RANK",)),
-    "slurm": ("SLURM_PROCID", "SLURM_NTASKS", ("SLURM_LOCALID",)),
-}
+    "mpich": ("PMI_RANK", "PMI_SIZE", ("PALS_LOCAL_RANKID", "PMI_LOCAL_RANK", "MPI_LOCALRANKID"),
+              ("PALS_LOCAL_SIZE", "PMI_LOCAL_SIZE", "MPI_LOCALNRANKS")),
+    "openmpi": ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", ("OMPI_COMM_WORLD_LOCAL_RANK",),
+                ("OMPI_COMM_WORLD_LOCAL_SIZE",)),
+    "mvapich": ("MV2_COMM_WORLD_RANK", "MV2_COMM_WORLD_SIZE", ("MV2_COMM_WORLD_LOCAL_RANK",),
+                ("MV2_COMM_WORLD_LOCAL_SIZE",)),
+    "slurm": ("SLURM_PROCID", "SLURM_NTASKS", ("SLURM_LOCALID",), ("SLURM_NTASKS_PER_NODE",)),
+}  # fmt: skip
 DEFAULT_PORT = "29500"
 
 
@@ -31,6 +34,7 @@ class LaunchInfo:
     rank: int
     world_size: int
     local_rank: int
+    local_world_size: int  # processes on this node
     master_addr: str
     master_port: str
 
@@ -68,17 +72,20 @@ def setup_environment(env: MutableMapping[str, str] | None = None) -> LaunchInfo
     if "RANK" in env and "WORLD_SIZE" in env:
         launcher = "torchrun"
     else:
-        for name, (rank, size, locals_) in LAUNCHERS.items():
+        for name, (rank, size, local_ranks, local_sizes) in LAUNCHERS.items():
             if rank in env and size in env:
                 launcher = name
                 env.setdefault("RANK", env[rank])
                 env.setdefault("WORLD_SIZE", env[size])
-                local = next((env[v] for v in locals_ if v in env), None)
-                if local is not None:
-                    env.setdefault("LOCAL_RANK", local)
+                for names, target in ((local_ranks, "LOCAL_RANK"), (local_sizes, "LOCAL_WORLD_SIZE")):
+                    value = next((env[v] for v in names if v in env), None)
+                    if value is not None:
+                        env.setdefault(target, value)
                 break
     if launcher != "none":
-        env.setdefault("LOCAL_RANK", env["RANK"])  # one process per node when nothing says otherwise
+        # when nothing says otherwise, every process is taken to run on this node
+        env.setdefault("LOCAL_RANK", env["RANK"])
+        env.setdefault("LOCAL_WORLD_SIZE", env["WORLD_SIZE"])
         env.setdefault("MASTER_ADDR", master_address(env))
         env.setdefault("MASTER_PORT", DEFAULT_PORT)
     return LaunchInfo(
@@ -86,9 +93,20 @@ def setup_environment(env: MutableMapping[str, str] | None = None) -> LaunchInfo
         rank=int(env.get("RANK", 0)),
         world_size=int(env.get("WORLD_SIZE", 1)),
         local_rank=int(env.get("LOCAL_RANK", 0)),
+        local_world_size=int(env.get("LOCAL_WORLD_SIZE", 1)),
         master_addr=env.get("MASTER_ADDR", "127.0.0.1"),
         master_port=env.get("MASTER_PORT", DEFAULT_PORT),
     )
+
+
+def threads_per_process(local_world_size: int, env: MutableMapping[str, str] | None = None) -> int:
+    """Compute threads for this process: OMP_NUM_THREADS where the user or the launcher set it, else the
+    cores this process may run on shared among the processes of this node (at least 1), so that several
+    processes do not oversubscribe the cores."""
+    env = os.environ if env is None else env
+    if env.get("OMP_NUM_THREADS", "").isdigit() and int(env["OMP_NUM_THREADS"]) > 0:
+        return int(env["OMP_NUM_THREADS"])
+    return max(1, len(os.sched_getaffinity(0)) // max(1, local_world_size))
 
 
 def device_backend(requested: str | None = None) -> tuple[str, str | None]:

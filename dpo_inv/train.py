@@ -40,7 +40,7 @@ from dpo_inv.data import (
     load_saved_pairs,
 )
 from dpo_inv.evaluation import describe, eval_structures, improved, run_evaluation
-from dpo_inv.launch import device_backend, setup_environment
+from dpo_inv.launch import device_backend, setup_environment, threads_per_process
 from dpo_inv.loss import METRICS, batch_ranks, pair_logps
 from dpo_inv.model import ProteinMPNN, load_model
 from dpo_inv.objective import step_metrics
@@ -273,6 +273,8 @@ def build_accelerator(config: DPOConfig, **options: Any) -> tuple[Accelerator, s
     """The Accelerator for the launch environment (process group, backend, precision, compilation) and a
     description of the set-up; `options` go to the Accelerator (trackers, project folder)."""
     launch = setup_environment()
+    threads = threads_per_process(launch.local_world_size)
+    torch.set_num_threads(threads)
     device_type, backend = device_backend(config.backend) if launch.world_size > 1 else (None, None)
     try:
         accelerator = Accelerator(
@@ -301,7 +303,8 @@ def build_accelerator(config: DPOConfig, **options: Any) -> tuple[Accelerator, s
             f"{launch.launcher} started {launch.world_size} processes but Accelerate runs "
             f"{accelerator.num_processes} on {device_type} with {backend}; it cannot use that backend here"
         )
-    return accelerator, f"{backend or 'no'} backend, {launch.launcher} launch"
+    setup = f"{backend or 'no'} backend, {launch.launcher} launch, {threads} thread(s) each"
+    return accelerator, setup
 
 
 def load_models(config: DPOConfig, device: torch.device) -> tuple[ProteinMPNN, ProteinMPNN | None]:

@@ -3,6 +3,7 @@ one-process run with the same global batch."""
 
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -78,6 +79,8 @@ def test_two_processes_match_one_process_with_the_same_global_batch(tmp_path, si
                  command=command, extra_env=extra_env)  # fmt: skip
     log = result.stdout + result.stderr
     assert "2 process(es) on cpu" in log and "gloo backend" in log
+    threads = int(re.search(r"(\d+) thread\(s\) each", log)[1])  # the two processes share the cores
+    assert threads == 1 or 2 * threads <= len(os.sched_getaffinity(0)), threads
     assert "Parameters identical on all 2 process(es)" in log
 
     # the ranks trained on disjoint shards that together are the one-process batches, i.e. all the data

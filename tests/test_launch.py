@@ -1,8 +1,10 @@
 """Launch-environment mapping for mpiexec (MPICH/PALS, Open MPI, MVAPICH), SLURM and torchrun."""
 
+import os
+
 import pytest
 
-from dpo_inv.launch import device_backend, first_slurm_host, setup_environment
+from dpo_inv.launch import device_backend, first_slurm_host, setup_environment, threads_per_process
 
 
 @pytest.mark.parametrize(
@@ -58,3 +60,26 @@ def test_single_process_needs_nothing():
 def test_backend_on_this_machine():
     assert device_backend() == ("cpu", "gloo")
     assert device_backend("mpi") == ("cpu", "mpi")
+
+
+@pytest.mark.parametrize(
+    "env, local_world_size",
+    [
+        ({"PMI_RANK": "3", "PMI_SIZE": "12", "PALS_LOCAL_SIZE": "6"}, 6),
+        ({"PMI_RANK": "1", "PMI_SIZE": "2", "MPI_LOCALNRANKS": "2"}, 2),
+        ({"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "8", "OMPI_COMM_WORLD_LOCAL_SIZE": "4"}, 4),
+        ({"SLURM_PROCID": "1", "SLURM_NTASKS": "8", "SLURM_NTASKS_PER_NODE": "4"}, 4),
+        ({"PMI_RANK": "1", "PMI_SIZE": "3"}, 3),  # nothing says: all on this node
+        ({"RANK": "1", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2"}, 2),  # torchrun
+    ],
+)  # fmt: skip
+def test_processes_per_node(env, local_world_size):
+    assert setup_environment(env).local_world_size == local_world_size
+
+
+def test_threads_share_the_cores_unless_set():
+    cores = len(os.sched_getaffinity(0))
+    assert threads_per_process(1, {}) == cores
+    assert threads_per_process(2, {}) == max(1, cores // 2)
+    assert threads_per_process(4 * cores, {}) == 1
+    assert threads_per_process(2, {"OMP_NUM_THREADS": "3"}) == 3  # the user's (or the launcher's) choice
