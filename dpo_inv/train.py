@@ -400,11 +400,12 @@ def train(config: DPOConfig) -> dict[str, float]:
         output_dir.mkdir(parents=True, exist_ok=True)
         (output_dir / "config.yaml").write_text(yaml.safe_dump(config.to_dict(), sort_keys=False))
     accelerator.init_trackers(config.run_name, config=config.to_sanitized_dict())
+    evals = f"{0 if eval_data is None else len(eval_data.pairs)} eval pairs"
+    evals += f", {len(variants.labels)} eval variants" if variants is not None else ""
     accelerator.print(
-        f"{len(train_set)} training pairs, {0 if eval_data is None else len(eval_data.pairs)} eval pairs; "
-        f"{accelerator.num_processes} process(es) on {accelerator.device} ({setup}); batch "
-        f"{config.per_device_train_batch_size} per device, global batch "
-        f"{global_batch * config.gradient_accumulation_steps}; {total_steps} optimizer steps"
+        f"{len(train_set)} training pairs, {evals}; {accelerator.num_processes} process(es) on "
+        f"{accelerator.device} ({setup}); batch {config.per_device_train_batch_size} per device, global "
+        f"batch {global_batch * config.gradient_accumulation_steps}; {total_steps} optimizer steps"
     )
 
     if config.eval_on_start and state.global_step == 0 and (eval_loader is not None or variants is not None):

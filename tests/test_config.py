@@ -1,5 +1,6 @@
 """Configuration: YAML plus command-line overrides, validation, --help, the dpo-inv command."""
 
+import math
 import subprocess
 import sys
 
@@ -89,3 +90,12 @@ def test_dpo_inv_command():
     assert result.returncode == 0 and "--model_name_or_path" in result.stdout
     result = subprocess.run([*command, "fly"], capture_output=True, text=True)
     assert result.returncode != 0 and "usage: dpo-inv" in result.stderr
+
+
+def test_the_readme_says_how_long_the_example_trains():
+    """The README's first screen names the example's optimizer steps: kept true when the config changes."""
+    config = parse_config(["--config", str(ROOT / "configs" / "example.yaml")])
+    pairs = len((ROOT / config.train_file).read_text().splitlines())
+    steps = math.ceil(pairs / config.per_device_train_batch_size) * int(config.num_train_epochs)
+    first_screen = (ROOT / "README.md").read_text().split("\n## ")[0]
+    assert f"{steps} optimizer steps" in first_screen
