@@ -47,14 +47,14 @@ export CCL_KVS_CONNECTION_TIMEOUT=${CCL_KVS_CONNECTION_TIMEOUT:-600}
 export CCL_ZE_IPC_EXCHANGE=${CCL_ZE_IPC_EXCHANGE:-drmfd}
 export FI_PROVIDER=${FI_PROVIDER:-cxi}
 export FI_MR_CACHE_MONITOR=${FI_MR_CACHE_MONITOR:-userfaultfd}
-export OMP_NUM_THREADS=${OMP_NUM_THREADS:-8}
 
 # PALS' mpiexec binds each rank to 8 cores next to its tile; other mpiexecs get no binding flag
 CPU_BIND=${CPU_BIND:-list:1-8:9-16:17-24:25-32:33-40:41-48:53-60:61-68:69-76:77-84:85-92:93-100}
 BIND_ARGS=()
 if [ -n "${PBS_JOBID:-}" ] && [ -n "$CPU_BIND" ]; then
     BIND_ARGS=(--cpu-bind "$CPU_BIND")
-fi
+    export OMP_NUM_THREADS=${OMP_NUM_THREADS:-8}      # the 8 cores each rank is bound to
+fi                                                    # elsewhere dpo_inv shares the node's cores among ranks
 
 echo "dpo_inv on $NNODES node(s) x $RANKS_PER_NODE ranks = $NRANKS, master $MASTER_ADDR:$MASTER_PORT"
 mpiexec -n "$NRANKS" -ppn "$RANKS_PER_NODE" "${BIND_ARGS[@]}" \
