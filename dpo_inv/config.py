@@ -254,9 +254,11 @@ class DPOConfig:
         if self.max_consecutive_nonfinite < 1:
             raise ValueError("max_consecutive_nonfinite must be at least 1")
 
-        self.check_metric_for_best_model()
+        self.resolve_metric_for_best_model()
 
-    def check_metric_for_best_model(self) -> None:
+    def resolve_metric_for_best_model(self) -> None:
+        """Fill in the defaults of metric_for_best_model and greater_is_better (Transformers' rules) and
+        refuse a metric this run's eval sets cannot produce."""
         has_pairs = self.eval_file is not None or self.eval_split > 0
         if self.metric_for_best_model is None:
             only_variants = self.eval_variants_file and not has_pairs

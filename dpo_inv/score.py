@@ -39,7 +39,13 @@ from dpo_inv.launch import resolve_device
 from dpo_inv.loss import PairLogps, batch_ranks, pair_logps
 from dpo_inv.model import ProteinMPNN, load_model
 from dpo_inv.structure import StructureError
-from dpo_inv.variants import conditional_deltas, round_metric, spearman, spearman_by_structure
+from dpo_inv.variants import (
+    conditional_deltas,
+    mean_and_median,
+    round_metric,
+    spearman,
+    spearman_by_structure,
+)
 
 
 @dataclass
@@ -160,7 +166,7 @@ def score_sequences(
     labels = np.array([rows[i]["label"] for i in labelled], dtype=np.float64)
     structure_ids = np.asarray(dataset.pairs["structure_id"])[labelled]
     table = spearman_by_structure(values, labels, structure_ids)
-    per_structure = [e["spearman"] for e in table if np.isfinite(e["spearman"])]
+    mean, median = mean_and_median(table)
     for entry in table:
         structure = dataset.structures[entry.pop("structure_id")]
         entry.update(
@@ -173,8 +179,8 @@ def score_sequences(
         labelled=len(labelled),
         spearman=round_metric(spearman(values, labels)),
         structures=len(table),
-        spearman_per_structure_mean=round_metric(np.mean(per_structure)) if per_structure else None,
-        spearman_per_structure_median=round_metric(np.median(per_structure)) if per_structure else None,
+        spearman_per_structure_mean=round_metric(mean),
+        spearman_per_structure_median=round_metric(median),
     )
     if config.per_structure_output:
         write_jsonl(config.per_structure_output, table)

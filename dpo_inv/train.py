@@ -24,6 +24,7 @@ import yaml
 from accelerate import Accelerator
 from accelerate.utils import InitProcessGroupKwargs, TorchDynamoPlugin, broadcast_object_list, set_seed
 from torch.utils.data import DataLoader
+from tqdm.auto import tqdm
 from transformers import get_scheduler
 
 from dpo_inv.checkpoints import TrainerState, find_checkpoint, save_checkpoint, save_model
@@ -408,14 +409,23 @@ def train(config: DPOConfig) -> dict[str, float]:
         f"batch {global_batch * config.gradient_accumulation_steps}; {total_steps} optimizer steps"
     )
 
-    if config.eval_on_start and state.global_step == 0 and (eval_loader is not None or variants is not None):
-        eval_metrics = run_evaluation(
+    has_eval = eval_loader is not None or variants is not None
+
+    def evaluate_and_keep_best() -> dict[str, float]:
+        """Evaluate, log, and save the model as best/ when metric_for_best_model improved."""
+        metrics = run_evaluation(
             accelerator, config, model, reference, eval_loader, recovery_structures, variants
         )
-        log(accelerator, output_dir, eval_metrics, 0)
-        accelerator.print(f"step 0: {describe(eval_metrics)}")
-        if improved(config, eval_metrics, state):
+        log(accelerator, output_dir, metrics, state.global_step)
+        if accelerator.is_main_process:
+            tqdm.write(f"step {state.global_step}: {describe(metrics)}")
+        if improved(config, metrics, state):
             save_model(accelerator, model, output_dir / "best")
+        return metrics
+
+    eval_metrics: dict[str, float] = {}
+    if config.eval_on_start and state.global_step == 0 and has_eval:
+        eval_metrics = evaluate_and_keep_best()
     model.train()
     bar = progress(
         total=total_steps,
@@ -428,7 +438,6 @@ def train(config: DPOConfig) -> dict[str, float]:
     finite, skipped, nonfinite_in_a_row = True, 0, 0
     stop: TrainingStopped | None = None
     last_log = time.perf_counter()
-    eval_metrics: dict[str, float] = {}
     with StopSignals(accelerator) as signals:
         for epoch in range(state.epoch, num_epochs):
             train_loader.set_epoch(epoch)
@@ -492,18 +501,11 @@ def train(config: DPOConfig) -> dict[str, float]:
                     log(accelerator, output_dir, metrics, state.global_step)
                     totals, count, skipped, last_log = totals.zero_(), 0, 0, now
                 if (
-                    (eval_loader is not None or variants is not None)
+                    has_eval
                     and not stop
                     and (state.global_step % eval_every == 0 or state.global_step == total_steps)
                 ):
-                    eval_metrics = run_evaluation(
-                        accelerator, config, model, reference, eval_loader, recovery_structures, variants
-                    )
-                    log(accelerator, output_dir, eval_metrics, state.global_step)
-                    if accelerator.is_main_process:
-                        bar.write(f"step {state.global_step}: {describe(eval_metrics)}")
-                    if improved(config, eval_metrics, state):
-                        save_model(accelerator, model, output_dir / "best")
+                    eval_metrics = evaluate_and_keep_best()
                 if state.global_step % save_every == 0 or state.global_step == total_steps or stop:
                     save_checkpoint(accelerator, config, state)
                 if stop or state.global_step >= total_steps:

@@ -164,10 +164,10 @@ def spearman_by_structure(values: np.ndarray, labels: np.ndarray, structure_ids:
     return table
 
 
-def mean_spearman(table: list[dict]) -> float:
-    """Mean of the per-structure Spearman correlations that are defined (NaN when none is)."""
+def mean_and_median(table: list[dict]) -> tuple[float, float]:
+    """Mean and median of the per-structure Spearman correlations that are defined (NaN when none is)."""
     defined = [entry["spearman"] for entry in table if np.isfinite(entry["spearman"])]
-    return float(np.mean(defined)) if defined else float("nan")
+    return (float(np.mean(defined)), float(np.median(defined))) if defined else (math.nan, math.nan)
 
 
 def variant_labels(path: str | Path) -> list[float]:
@@ -213,8 +213,5 @@ def evaluate_variants(
         np.asarray(labels, dtype=np.float64)[indices],
         np.asarray(variants.pairs["structure_id"])[indices],
     )
-    defined = [entry["spearman"] for entry in table if np.isfinite(entry["spearman"])]
-    return {
-        "eval_spearman": mean_spearman(table),
-        "eval_spearman_median": float(np.median(defined)) if defined else math.nan,
-    }
+    mean, median = mean_and_median(table)
+    return {"eval_spearman": mean, "eval_spearman_median": median}
