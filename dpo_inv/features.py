@@ -1,6 +1,7 @@
-"""The k-nearest-neighbour graph features of a backbone, full-backbone and CA-only.
+"""The k-nearest-neighbour graph features of a backbone (full-backbone and CA-only), and the node features
+of LigandMPNN (ligand context atoms) and of the membrane-label models.
 
-Numerics follow the reference ``protein_mpnn_utils.py``.
+Numerics follow the reference ``protein_mpnn_utils.py`` and LigandMPNN's ``model_utils.py``.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from dpo_inv.context import periodic_group_and_period
 from dpo_inv.layers import gather_neighbors, gather_nodes
 
 _NUM_RBF = 16
@@ -85,6 +87,15 @@ class _GraphFeatures(nn.Module):
         return self.embeddings(offset.long(), same_chain)
 
 
+def virtual_cb(X: Tensor) -> Tensor:
+    """The ideal C-beta position ``[..., 3]`` from the backbone ``X [..., 4, 3]`` (N, CA, C, O)."""
+    N, Ca, C, _ = X.unbind(-2)
+    b = Ca - N
+    c = C - Ca
+    a = torch.cross(b, c, dim=-1)
+    return -0.58273431 * a + 0.56802827 * b - 0.54067466 * c + Ca
+
+
 class ProteinFeatures(_GraphFeatures):
     """Edge features of the full-backbone model: 25 inter-atomic RBF distances (N, CA, C, O, virtual Cb)."""
 
@@ -97,10 +108,7 @@ class ProteinFeatures(_GraphFeatures):
         self, X: Tensor, mask: Tensor, residue_idx: Tensor, chain_labels: Tensor
     ) -> tuple[Tensor, Tensor]:
         N, Ca, C, O = X.unbind(2)
-        b = Ca - N
-        c = C - Ca
-        a = torch.cross(b, c, dim=-1)
-        Cb = -0.58273431 * a + 0.56802827 * b - 0.54067466 * c + Ca
+        Cb = virtual_cb(X)
         D_neighbors, E_idx = self._dist(Ca, mask)
         atoms = torch.stack((N, Ca, C, O, Cb), dim=2)
         E = torch.cat(
@@ -175,3 +183,94 @@ class CAProteinFeatures(_GraphFeatures):
             -1,
         )
         return self.norm_edges(self.edge_embedding(E)), E_idx
+
+
+_NUM_ELEMENTS, _NUM_GROUPS, _NUM_PERIODS = 120, 19, 8  # one-hot sizes of atomic number, group, period
+
+
+class LigandFeatures(ProteinFeatures):
+    """LigandMPNN's features: the backbone edges, plus for each residue its ``atom_context_num`` context atoms
+    nearest to its virtual Cb: residue-atom node features (RBF distances to N, CA, C, O, Cb, the element, the
+    direction in the residue's frame), atom embeddings and atom-atom edges."""
+
+    def __init__(self, node_features: int, edge_features: int, top_k: int, atom_context_num: int) -> None:
+        super().__init__(edge_features, top_k)
+        self.atom_context_num = atom_context_num
+        element_features = _NUM_ELEMENTS + _NUM_GROUPS + _NUM_PERIODS
+        self.node_project_down = nn.Linear(5 * _NUM_RBF + 64 + 4, node_features, bias=True)
+        self.norm_nodes = nn.LayerNorm(node_features)
+        self.type_linear = nn.Linear(element_features, 64)
+        self.y_nodes = nn.Linear(element_features, node_features, bias=False)
+        self.y_edges = nn.Linear(_NUM_RBF, node_features, bias=False)
+        self.norm_y_edges = nn.LayerNorm(node_features)
+        self.norm_y_nodes = nn.LayerNorm(node_features)
+        table = torch.tensor([periodic_group_and_period(z) for z in range(_NUM_ELEMENTS)], dtype=torch.long)
+        self.register_buffer("groups_and_periods", table, persistent=False)
+
+    def nearest_atoms(
+        self, X: Tensor, mask: Tensor, xyz: Tensor, element: Tensor, atom_mask: Tensor
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """Each residue's context atoms nearest to its virtual Cb: coordinates ``[B, L, M, 3]``, atomic
+        numbers and mask ``[B, L, M]``, from the structure's ``xyz [B, A, 3]``, ``element``, ``atom_mask``."""
+        d2 = torch.sum((virtual_cb(X)[:, :, None] - xyz[:, None]) ** 2, -1)
+        d2 = d2.masked_fill(~(mask[:, :, None] * atom_mask[:, None]).bool(), float("inf"))
+        idx = torch.topk(d2, min(self.atom_context_num, xyz.shape[1]), dim=-1, largest=False).indices
+        Y = gather_nodes(xyz, idx)
+        return Y, gather_neighbors(element, idx), gather_neighbors(atom_mask, idx)
+
+    def _element_one_hot(self, element: Tensor) -> Tensor:
+        group, period = self.groups_and_periods[element].unbind(-1)
+        return torch.cat(
+            (
+                F.one_hot(element, _NUM_ELEMENTS),
+                F.one_hot(group, _NUM_GROUPS),
+                F.one_hot(period, _NUM_PERIODS),
+            ),
+            -1,
+        ).to(self.type_linear.weight.dtype)
+
+    @staticmethod
+    def _local_directions(X: Tensor, Y: Tensor) -> Tensor:
+        """Direction of each atom ``Y [B, L, M, 3]`` in its residue's (N, CA, C) frame: ``[B, L, M, 4]``."""
+        N, Ca, C, _ = X.unbind(2)
+        e1 = F.normalize(N - Ca, dim=-1)
+        v2 = C - Ca
+        e2 = F.normalize(v2 - e1 * (e1 * v2).sum(-1, keepdim=True), dim=-1)
+        frame = torch.stack((e1, e2, torch.cross(e1, e2, dim=-1)), dim=-1)
+        local = torch.einsum("blqp,blyq->blyp", frame, Y - Ca[:, :, None])
+        rxy = torch.sqrt(local[..., 0] ** 2 + local[..., 1] ** 2 + 1e-8)
+        rxyz = torch.norm(local, dim=-1) + 1e-8
+        return torch.stack((local[..., 0] / rxy, local[..., 1] / rxy, rxy / rxyz, local[..., 2] / rxyz), -1)
+
+    def context(self, X: Tensor, Y: Tensor, element: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Residue-atom node features ``[B, L, M, H]``, atom nodes ``[B, L, M, H]`` and atom-atom edges
+        ``[B, L, M, M, H]`` for the atoms ``Y`` of each residue."""
+        atoms = torch.stack((*X.unbind(2)[:3], X[:, :, 3], virtual_cb(X)), dim=2)  # N, CA, C, O, Cb
+        D = torch.sqrt(torch.sum((atoms[:, :, :, None] - Y[:, :, None]) ** 2, -1) + 1e-6)  # [B, L, 5, M]
+        types = self._element_one_hot(element.long())
+        V = torch.cat(
+            (_rbf(D).transpose(2, 3).flatten(-2), self.type_linear(types), self._local_directions(X, Y)), -1
+        )
+        D_atoms = torch.sqrt(torch.sum((Y[:, :, :, None] - Y[:, :, None]) ** 2, -1) + 1e-6)
+        return (
+            self.norm_nodes(self.node_project_down(V)),
+            self.norm_y_nodes(self.y_nodes(types)),
+            self.norm_y_edges(self.y_edges(_rbf(D_atoms))),
+        )
+
+
+class MembraneFeatures(ProteinFeatures):
+    """Backbone edges plus embedded per-residue membrane labels (0 none/soluble, 1 interface or
+    transmembrane, 2 buried), as in LigandMPNN's membrane-label ProteinMPNN models."""
+
+    NUM_LABELS = 3
+
+    def __init__(self, node_features: int, edge_features: int, top_k: int) -> None:
+        super().__init__(edge_features, top_k)
+        self.node_embedding = nn.Linear(self.NUM_LABELS, node_features, bias=False)
+        self.norm_nodes = nn.LayerNorm(node_features)
+
+    def nodes(self, labels: Tensor) -> Tensor:
+        """Node features ``[B, L, H]`` of the labels ``[B, L]``."""
+        one_hot = F.one_hot(labels.long(), self.NUM_LABELS).to(self.node_embedding.weight.dtype)
+        return self.norm_nodes(self.node_embedding(one_hot))

@@ -183,3 +183,31 @@ class DecLayer(nn.Module):
         h_V = self.norm1(h_V + self.dropout1(dh))
         h_V = self.norm2(h_V + self.dropout2(self.dense(h_V)))
         return mask.unsqueeze(-1) * h_V
+
+
+class ContextLayer(nn.Module):
+    """LigandMPNN's context message-passing layer: each node ``h_V [..., H]`` is updated from messages over
+    its own set of context entries ``h_E [..., M, C]`` (a residue's context atoms, or an atom's fellow atoms),
+    where ``mask_attend [..., M]`` is 1."""
+
+    def __init__(self, num_hidden: int, num_in: int, dropout: float = 0.1, scale: float = 30.0) -> None:
+        super().__init__()
+        self.scale = scale
+        self.dropout1 = nn.Dropout(dropout)
+        self.dropout2 = nn.Dropout(dropout)
+        self.norm1 = nn.LayerNorm(num_hidden)
+        self.norm2 = nn.LayerNorm(num_hidden)
+        self.W1 = nn.Linear(num_hidden + num_in, num_hidden, bias=True)
+        self.W2 = nn.Linear(num_hidden, num_hidden, bias=True)
+        self.W3 = nn.Linear(num_hidden, num_hidden, bias=True)
+        self.act = nn.GELU()
+        self.dense = PositionWiseFeedForward(num_hidden, num_hidden * 4)
+
+    def forward(self, h_V: Tensor, h_E: Tensor, mask_V: Tensor, mask_attend: Tensor) -> Tensor:
+        W_v, W_e = self.W1.weight.split([h_V.shape[-1], h_E.shape[-1]], dim=1)
+        pre = F.linear(h_E, W_e).add_(F.linear(h_V, W_v, self.W1.bias).unsqueeze(-2))
+        h_message = self.W3(self.act(self.W2(self.act(pre))))
+        dh = torch.sum(mask_attend.unsqueeze(-1).to(h_message.dtype) * h_message, -2) / self.scale
+        h_V = self.norm1(h_V + self.dropout1(dh))
+        h_V = self.norm2(h_V + self.dropout2(self.dense(h_V)))
+        return mask_V.unsqueeze(-1) * h_V

@@ -18,8 +18,8 @@ from torch import Tensor, nn
 from transformers import PretrainedConfig, PreTrainedModel
 from transformers.utils import logging as transformers_logging
 
-from dpo_inv.features import CAProteinFeatures, ProteinFeatures
-from dpo_inv.layers import DecLayer, EncLayer, Encoding, causal_neighbor_mask, gather_neighbors
+from dpo_inv.features import CAProteinFeatures, LigandFeatures, MembraneFeatures, ProteinFeatures
+from dpo_inv.layers import ContextLayer, DecLayer, EncLayer, Encoding, causal_neighbor_mask, gather_neighbors
 
 OFFICIAL_CHECKPOINT_NAME = "proteinmpnn.pt"
 # one small file per model: no "Loading weights" or "Writing model shards" bars
@@ -27,10 +27,11 @@ transformers_logging.disable_progress_bar()
 
 
 class ProteinMPNNConfig(PretrainedConfig):
-    """Hyper-parameters of ProteinMPNN.
+    """Hyper-parameters of ProteinMPNN and its LigandMPNN-family variants.
 
     ``augment_eps`` is the std (Å) of Gaussian backbone noise added in training mode; ``noise_level`` records
-    the noise the official checkpoint was trained with and is informational only.
+    the noise the official checkpoint was trained with and is informational only. ``atom_context_num`` > 0
+    makes LigandMPNN (that many ligand context atoms per residue); ``membrane`` the membrane-label model.
     """
 
     model_type = "proteinmpnn"
@@ -44,6 +45,13 @@ class ProteinMPNNConfig(PretrainedConfig):
     augment_eps: float = 0.0
     ca_only: bool = False
     noise_level: float | None = None
+    atom_context_num: int = 0
+    membrane: bool = False
+
+    @property
+    def ligand_mpnn_family(self) -> bool:
+        """Whether the model reads structures as LigandMPNN does (ligand and membrane models)."""
+        return self.atom_context_num > 0 or self.membrane
 
 
 def ranks_from_order(order: Tensor) -> Tensor:
@@ -95,7 +103,9 @@ class ProteinMPNN(PreTrainedModel):
     Inputs: ``X`` backbone coordinates ``[B, L, 4, 3]`` (N, CA, C, O; CA-only models also take ``[B, L, 3]``),
     ``mask [B, L]`` (1 = residue present), ``residue_idx [B, L]`` and ``chain_encoding [B, L]`` as produced by
     the reference ``tied_featurize``, ``S [B, L]`` token indices into :data:`ALPHABET`, and ``ranks [B, L]``,
-    the decoding step of each position.
+    the decoding step of each position. LigandMPNN also takes the structure's context atoms: ``context_xyz
+    [B, A, 3]``, ``context_element [B, A]`` (atomic numbers) and ``context_mask [B, A]`` (none: empty
+    context); the membrane model ``membrane_labels [B, L]`` (none: all 0).
     """
 
     config_class = ProteinMPNNConfig
@@ -107,6 +117,23 @@ class ProteinMPNN(PreTrainedModel):
         if config.ca_only:
             self.features: nn.Module = CAProteinFeatures(H, H, top_k=config.k_neighbors)
             self.W_v = nn.Linear(H, H, bias=True)  # present in the checkpoints, unused
+        elif config.atom_context_num:
+            self.features = LigandFeatures(H, H, config.k_neighbors, config.atom_context_num)
+            self.W_v = nn.Linear(H, H, bias=True)
+            self.W_c = nn.Linear(H, H, bias=True)
+            self.W_nodes_y = nn.Linear(H, H, bias=True)
+            self.W_edges_y = nn.Linear(H, H, bias=True)
+            self.V_C = nn.Linear(H, H, bias=False)
+            self.V_C_norm = nn.LayerNorm(H)
+            self.context_encoder_layers = nn.ModuleList(
+                [ContextLayer(H, 2 * H, config.dropout) for _ in range(2)]
+            )
+            self.y_context_encoder_layers = nn.ModuleList(
+                [ContextLayer(H, H, config.dropout) for _ in range(2)]
+            )
+        elif config.membrane:
+            self.features = MembraneFeatures(H, H, top_k=config.k_neighbors)
+            self.W_v = nn.Linear(H, H, bias=True)
         else:
             self.features = ProteinFeatures(H, top_k=config.k_neighbors)
         self.W_e = nn.Linear(H, H, bias=True)
@@ -127,22 +154,69 @@ class ProteinMPNN(PreTrainedModel):
             if param.dim() > 1:
                 nn.init.xavier_uniform_(param)
 
-    def encode(self, X: Tensor, mask: Tensor, residue_idx: Tensor, chain_encoding: Tensor) -> Encoding:
-        """Run the structure encoder; backbone noise (``augment_eps``) is added only in training mode."""
+    def encode(
+        self,
+        X: Tensor,
+        mask: Tensor,
+        residue_idx: Tensor,
+        chain_encoding: Tensor,
+        context_xyz: Tensor | None = None,
+        context_element: Tensor | None = None,
+        context_mask: Tensor | None = None,
+        membrane_labels: Tensor | None = None,
+    ) -> Encoding:
+        """Run the structure encoder; noise (``augment_eps``) is added to the backbone and the context atoms
+        only in training mode."""
         if self.config.ca_only:
             if X.dim() == 4:
                 X = X[:, :, 1]
         elif X.dim() != 4:
             raise ValueError(f"full-backbone ProteinMPNN expects X as [B, L, 4, 3], got {tuple(X.shape)}")
-        if self.training and self.config.augment_eps > 0:
+        noisy = self.training and self.config.augment_eps > 0
+        if noisy:
             X = X + self.config.augment_eps * torch.randn_like(X)
         E, E_idx = self.features(X, mask, residue_idx, chain_encoding)
-        h_V = E.new_zeros(E.shape[0], E.shape[1], E.shape[-1])
+        if self.config.membrane:
+            labels = (
+                mask.new_zeros(mask.shape, dtype=torch.long) if membrane_labels is None else membrane_labels
+            )
+            h_V = self.W_v(self.features.nodes(labels))
+        else:
+            h_V = E.new_zeros(E.shape[0], E.shape[1], E.shape[-1])
         h_E = self.W_e(E)
         mask_attend = mask.unsqueeze(-1) * gather_neighbors(mask, E_idx)
         for layer in self.encoder_layers:
             h_V, h_E = layer(h_V, h_E, E_idx, mask, mask_attend)
+        if self.config.atom_context_num:
+            if context_xyz is None or context_element is None or context_mask is None:
+                context_xyz, context_element, context_mask = (
+                    X.new_zeros(len(X), 1, 3),
+                    mask[:, :1] * 0,
+                    mask[:, :1] * 0,
+                )
+            elif noisy:
+                context_xyz = context_xyz + self.config.augment_eps * torch.randn_like(context_xyz)
+            h_V = h_V + self._ligand_context(h_V, X, mask, context_xyz, context_element, context_mask)
         return Encoding(h_V=h_V, h_E=h_E, E_idx=E_idx, mask=mask)
+
+    def _ligand_context(
+        self, h_V: Tensor, X: Tensor, mask: Tensor, xyz: Tensor, element: Tensor, atom_mask: Tensor
+    ) -> Tensor:
+        """LigandMPNN's update of the encoded residues from their nearest context atoms."""
+        Y, Y_t, Y_m = self.features.nearest_atoms(X, mask, xyz, element, atom_mask)
+        V, Y_nodes, Y_edges = self.features.context(X, Y, Y_t)
+        h_E_context = self.W_v(V)
+        h_V_C = self.W_c(h_V)
+        Y_m_edges = Y_m[:, :, :, None] * Y_m[:, :, None, :]
+        Y_nodes = self.W_nodes_y(Y_nodes)
+        Y_edges = self.W_edges_y(Y_edges)
+        for atom_layer, residue_layer in zip(
+            self.y_context_encoder_layers, self.context_encoder_layers, strict=True
+        ):
+            Y_nodes = atom_layer(Y_nodes, Y_edges, Y_m, Y_m_edges)
+            h_V_C = residue_layer(h_V_C, torch.cat((h_E_context, Y_nodes), -1), mask, Y_m)
+        h_V_C = F.dropout(self.V_C(h_V_C), self.config.dropout, self.training)
+        return self.V_C_norm(h_V_C)
 
     def decode(self, enc: Encoding, S: Tensor, ranks: Tensor, positions: Tensor | None = None) -> Tensor:
         """Teacher-forced autoregressive decoding of ``S`` in the order given by ``ranks``.
@@ -165,14 +239,22 @@ class ProteinMPNN(PreTrainedModel):
         return F.log_softmax(self.W_out(h_V if positions is not None else h_V.transpose(1, 2)), dim=-1)
 
     def forward(
-        self, X: Tensor, S: Tensor, mask: Tensor, residue_idx: Tensor, chain_encoding: Tensor, ranks: Tensor
+        self,
+        X: Tensor,
+        S: Tensor,
+        mask: Tensor,
+        residue_idx: Tensor,
+        chain_encoding: Tensor,
+        ranks: Tensor,
+        **structure: Tensor,
     ) -> Tensor:
         """Log-probabilities of sequences ``S`` decoded in the order given by ``ranks``.
 
         ``S`` and ``ranks`` are ``[B, L]``, or ``[B, N, L]`` for N sequences/orders per structure, which share
-        one encoder pass; the result is ``[B, L, V]`` or ``[B, N, L, V]``.
+        one encoder pass; the result is ``[B, L, V]`` or ``[B, N, L, V]``. ``structure`` holds the optional
+        inputs of :meth:`encode` (ligand context atoms, membrane labels).
         """
-        return self.decode(self.encode(X, mask, residue_idx, chain_encoding), S, ranks)
+        return self.decode(self.encode(X, mask, residue_idx, chain_encoding, **structure), S, ranks)
 
     def official_checkpoint(self, state_dict: dict[str, Tensor] | None = None) -> dict[str, Any]:
         """The weights in the official format read by ``protein_mpnn_run.py --path_to_model_weights``."""
@@ -181,6 +263,7 @@ class ProteinMPNN(PreTrainedModel):
             "model_state_dict": {k: v.detach().cpu() for k, v in state_dict.items()},
             "num_edges": int(self.config.k_neighbors),
             "noise_level": float(self.config.noise_level or 0.0),
+            **({"atom_context_num": self.config.atom_context_num} if self.config.atom_context_num else {}),
         }
 
     def save_pretrained(

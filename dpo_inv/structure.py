@@ -9,8 +9,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from Bio.Data.PDBData import protein_letters_3to1_extended
+from Bio.Data.PDBData import nucleic_letters_3to1_extended, protein_letters_3to1_extended
 from Bio.PDB import MMCIFParser, PDBParser
+from Bio.PDB.Atom import Atom, DisorderedAtom
+from Bio.PDB.Model import Model
+from Bio.PDB.Residue import Residue
 
 AMINO_ACIDS = "ACDEFGHIKLMNPQRSTVWY"
 ALPHABET = AMINO_ACIDS + "X"  # ProteinMPNN token order; X (20) = unknown
@@ -18,10 +21,37 @@ TOKEN = np.full(256, -1, dtype=np.int8)
 TOKEN[np.frombuffer(ALPHABET.encode(), dtype=np.uint8)] = np.arange(len(ALPHABET))
 BACKBONE_ATOMS = ("N", "CA", "C", "O")
 CHAIN_OFFSET = 100  # official ProteinMPNN adds 100 to residue_idx per chain
+NUCLEOTIDES = frozenset(name.strip() for name in nucleic_letters_3to1_extended)
+# The amino acids LigandMPNN's parser (ProDy's "protein" flag) takes as residues besides the standard ones.
+MODIFIED_AMINO_ACIDS = frozenset(
+    (  # noqa: SIM905
+        "ASX GLX ASH GLH CSO CYX HIP HID HIE HSD HSE HSP HISD HISE HISP LYN TYM ARN MSE CME SEC SEP TPO PTR "
+        "PHD XLE XAA MEN CSB"
+    ).split()
+)
+STANDARD_AMINO_ACIDS = frozenset(
+    "ALA ARG ASN ASP CYS GLN GLU GLY HIS ILE LEU LYS MET PHE PRO SER THR TRP TYR VAL".split()  # noqa: SIM905
+)
 
 
 class StructureError(ValueError):
     """A structure file that cannot be used, with the file named in the message."""
+
+
+@dataclass(frozen=True)
+class ParseOptions:
+    """Which residues a structure's chains hold, and the ligand context around them.
+
+    ProteinMPNN models read residues as official ProteinMPNN does (ATOM records and selenomethionine).
+    LigandMPNN-family models (`ligand_mpnn`) read them as LigandMPNN does: every residue with a CA atom whose
+    name is a standard or modified amino acid (ATOM or HETATM; modified ones other than MSE as X), from atoms
+    with occupancy > 0 and, where an atom has alternative locations, location A; their ligand context is
+    every other non-water heavy atom (`ligand_context`), less the groups named in `ligand_exclude`.
+    """
+
+    ligand_mpnn: bool = False
+    ligand_context: bool = True
+    ligand_exclude: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -86,13 +116,8 @@ def _is_mmcif(path: Path) -> bool:
     return ".cif" in suffixes or ".mmcif" in suffixes
 
 
-def parse_structure(path: str | Path) -> dict[str, Chain]:
-    """Parse the first model of a PDB or mmCIF file (optionally gzipped) into protein chains.
-
-    As in official ProteinMPNN, residues come from ATOM records plus selenomethionine (MSE) HETATM records;
-    other hetero groups (ligands, waters, other modified residues) are ignored, so sequences match those the
-    official tools produce. Chains without any residue are left out.
-    """
+def read_model(path: str | Path) -> Model:
+    """The first model of a PDB or mmCIF file (optionally gzipped); a StructureError names what is wrong."""
     path = Path(path)
     if not path.is_file():
         raise StructureError(f"{path}: structure file not found")
@@ -129,16 +154,64 @@ def parse_structure(path: str | Path) -> dict[str, Chain]:
             f"{path}: malformed or truncated {'mmCIF' if mmcif else 'PDB'} file{where} "
             f"({type(err).__name__}: {err}); replace it with the complete structure file"
         ) from None
+    return model
 
+
+def ligandmpnn_atom(atom: Atom) -> Atom | None:
+    """The atom LigandMPNN reads: alternative location A where there is one, and only with occupancy > 0."""
+    if isinstance(atom, DisorderedAtom) and atom.disordered_has_id("A"):
+        atom = atom.disordered_get("A")
+    return atom if (atom.get_occupancy() or 0.0) > 0 else None
+
+
+def is_residue(residue: Residue, options: ParseOptions) -> bool:
+    """Whether a residue is one of the chain's residues (rather than a ligand, water or nucleotide)."""
+    resname = residue.get_resname().strip().upper()
+    if not options.ligand_mpnn:
+        return (residue.id[0] == " " and resname not in NUCLEOTIDES) or resname == "MSE"
+    return (resname in STANDARD_AMINO_ACIDS or resname in MODIFIED_AMINO_ACIDS) and any(
+        atom.get_id() == "CA" and ligandmpnn_atom(atom) for atom in residue
+    )
+
+
+def _backbone(residue: Residue, options: ParseOptions) -> list[np.ndarray]:
+    missing = np.full(3, np.nan, dtype=np.float32)
+    if not options.ligand_mpnn:
+        return [residue[a].coord if a in residue else missing for a in BACKBONE_ATOMS]
+    atoms = [ligandmpnn_atom(residue[a]) if a in residue else None for a in BACKBONE_ATOMS]
+    return [missing if atom is None else atom.coord for atom in atoms]
+
+
+def _letter(resname: str, options: ParseOptions) -> str:
+    if options.ligand_mpnn and resname.strip().upper() not in STANDARD_AMINO_ACIDS | {"MSE"}:
+        return "X"
+    return residue_letter(resname)
+
+
+def parse_structure(path: str | Path, options: ParseOptions = ParseOptions()) -> dict[str, Chain]:
+    """Parse the first model of a PDB or mmCIF file (optionally gzipped) into protein chains.
+
+    As in official ProteinMPNN, residues come from ATOM records plus selenomethionine (MSE) HETATM records;
+    other hetero groups (ligands, waters, other modified residues) and nucleic acids are not residues, so
+    sequences match those the official tools produce. With `options.ligand_mpnn`, residues are LigandMPNN's
+    (see `ParseOptions`). Chains without any residue are left out.
+    """
+    return protein_chains(read_model(path), path, options)
+
+
+def protein_chains(
+    model: Model, path: str | Path, options: ParseOptions = ParseOptions()
+) -> dict[str, Chain]:
+    """The protein chains of a parsed model (see `parse_structure`)."""
     chains: dict[str, Chain] = {}
     for chain in model:
         letters, coords, numbers, labels = [], [], [], []
         for residue in chain:
-            hetflag, resseq, icode = residue.id
-            if hetflag != " " and residue.get_resname() != "MSE":
+            if not is_residue(residue, options):
                 continue
-            letters.append(residue_letter(residue.get_resname()))
-            coords.append([residue[a].coord if a in residue else np.full(3, np.nan) for a in BACKBONE_ATOMS])
+            _, resseq, icode = residue.id
+            letters.append(_letter(residue.get_resname(), options))
+            coords.append(_backbone(residue, options))
             numbers.append(resseq)
             labels.append(f"{resseq}{icode.strip()}")
         if not letters:

