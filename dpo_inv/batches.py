@@ -32,8 +32,20 @@ class PreferenceDataset(TorchDataset):
         return {"index": int(index), **pair, **{k: structure[k] for k in BATCH_STRUCTURE_KEYS}}
 
 
-BATCH_STRUCTURE_KEYS = ("X", "mask", "residue_idx", "chain_encoding", "design_mask", "native")
+BATCH_STRUCTURE_KEYS = (
+    "X", "mask", "residue_idx", "chain_encoding", "design_mask", "native", "context_xyz", "context_element",
+)  # fmt: skip
 REFERENCE_COLUMNS = ("ref_chosen_logps", "ref_rejected_logps")  # with precompute_ref_log_probs
+# The model's structure inputs (`ProteinMPNN.encode`) a batch may hold.
+STRUCTURE_INPUTS = (
+    "X", "mask", "residue_idx", "chain_encoding", "context_xyz", "context_element", "context_mask",
+    "membrane_labels",
+)  # fmt: skip
+
+
+def structure_inputs(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The structure inputs of the model present in a batch, as keyword arguments of `encode`."""
+    return {name: batch[name] for name in STRUCTURE_INPUTS if name in batch}
 
 
 def collate(examples: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
@@ -42,7 +54,8 @@ def collate(examples: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
     `loss_mask` marks designed, observed, mutable positions (where log p is summed); `decode_mask` marks
     the positions decoded after all others (designed and mutable), as ProteinMPNN orders fixed positions.
     `label` is 1 for a pair or a desirable sequence; `chosen_scores` and `rejected_scores` (per-residue
-    scores, zero-padded) are there when every example has them.
+    scores, zero-padded) are there when every example has them. Structures' ligand context atoms are padded
+    to the batch's most (at least one, masked); membrane labels are there when an example has them.
     """
     B, L = len(examples), max(len(e["mask"]) for e in examples)
     batch = {
@@ -68,6 +81,13 @@ def collate(examples: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
             batch[name] = torch.zeros(B, L)
             for i, e in enumerate(examples):
                 batch[name][i, : len(e[name])] = torch.from_numpy(np.asarray(e[name], dtype=np.float32))
+    if any("context_element" in e for e in examples):
+        _collate_context(batch, examples)
+    if any(len(e.get("membrane_labels", ())) for e in examples):
+        batch["membrane_labels"] = torch.zeros(B, L, dtype=torch.long)
+        for i, e in enumerate(examples):
+            labels = np.asarray(e.get("membrane_labels", ()), dtype=np.int64)
+            batch["membrane_labels"][i, : len(labels)] = torch.from_numpy(labels)
     for i, e in enumerate(examples):
         n, d = len(e["mask"]), len(e["chosen"])
         mask = torch.from_numpy(np.asarray(e["mask"], dtype=np.float32))
@@ -84,6 +104,19 @@ def collate(examples: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
             batch[name][i, :n] = native
             batch[name][i, :d] = torch.from_numpy(np.asarray(e[name], dtype=np.int64))
     return batch
+
+
+def _collate_context(batch: dict[str, torch.Tensor], examples: list[dict[str, Any]]) -> None:
+    B, A = len(examples), max(1, *(len(e.get("context_element", ())) for e in examples))
+    batch["context_xyz"] = torch.zeros(B, A, 3)
+    batch["context_element"] = torch.zeros(B, A, dtype=torch.long)
+    batch["context_mask"] = torch.zeros(B, A)
+    for i, e in enumerate(examples):
+        element = np.asarray(e.get("context_element", ()), dtype=np.int64)
+        a = len(element)
+        batch["context_xyz"][i, :a] = torch.from_numpy(np.asarray(e["context_xyz"], np.float32).reshape(a, 3))
+        batch["context_element"][i, :a] = torch.from_numpy(element)
+        batch["context_mask"][i, :a] = 1.0
 
 
 class LengthGroupedSampler(Sampler[int]):

@@ -11,6 +11,7 @@ from trl import TrlParser
 
 from dpo_inv import kto
 from dpo_inv.loss import LOSS_TYPES, METRICS
+from dpo_inv.weights import LIGAND_CONTEXT_HELP, LIGAND_EXCLUDE_HELP
 
 TRACKER_PACKAGES = {  # the package each Accelerate tracker needs
     "tensorboard": "tensorboard", "wandb": "wandb", "comet_ml": "comet-ml", "mlflow": "mlflow", "aim": "aim",
@@ -45,8 +46,8 @@ class DPOConfig:
     model_name_or_path: str = field(
         default="vanilla/v_48_020",
         **field_help(
-            "Policy weights: an official name (vanilla/v_48_020, soluble/v_48_010, ca/v_48_020, ...), "
-            "an official .pt file, or a directory saved by dpo_inv."
+            "Policy weights: an official name (vanilla/v_48_020, soluble/v_48_010, ca/v_48_020, "
+            "ligand/v_32_010_25, ...), an official .pt file, or a directory saved by dpo_inv."
         ),
     )
     ref_model_name_or_path: str | None = field(
@@ -60,6 +61,8 @@ class DPOConfig:
         default=0.0,
         **field_help("Gaussian noise (Å) added to backbone coordinates of the policy in training."),
     )
+    ligand_context: bool = field(default=True, **field_help(LIGAND_CONTEXT_HELP))
+    ligand_exclude: list[str] = field(default_factory=list, **field_help(LIGAND_EXCLUDE_HELP))
     # data
     train_file: str = field(
         default="data/pairs/train.jsonl",

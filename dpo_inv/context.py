@@ -31,6 +31,10 @@ class ContextAtoms:
     def __len__(self) -> int:
         return len(self.element)
 
+    @classmethod
+    def empty(cls) -> ContextAtoms:
+        return cls(xyz=np.zeros((0, 3), dtype=np.float32), element=np.zeros(0, dtype=np.int8))
+
 
 def context_atoms(model: Model, options: ParseOptions) -> ContextAtoms:
     """Every heavy atom of the model outside the chains' residues and water, as LigandMPNN's parser takes it:

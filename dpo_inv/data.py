@@ -6,7 +6,6 @@ import hashlib
 import json
 import math
 import os
-import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,12 +14,12 @@ from typing import Any
 import datasets
 import numpy as np
 
-from dpo_inv.progress import progress, quiet_datasets
+from dpo_inv.featurized import FEATURES_VERSION, build_structures, save_atomically
+from dpo_inv.membrane import membrane_labels
+from dpo_inv.progress import quiet_datasets
 from dpo_inv.records import BadRecord, as_list, load_records, raise_bad_records
-from dpo_inv.structure import ALPHABET, StructureError, featurize, parse_structure, tokenize
+from dpo_inv.structure import ALPHABET, PROTEINMPNN_PARSE, ParseOptions, tokenize
 
-PARSE_CHUNK = 512  # structures parsed between two progress updates
-FEATURES_VERSION = "2"  # bump when the stored structure features change
 ALIASES = {"structure": "pdb_file", "chosen": "preferred_seq", "rejected": "unpreferred_seq"}
 
 
@@ -73,119 +72,6 @@ def _normalise(record: dict) -> dict:
         if out.get(name) is None and out.get(alias) is not None:
             out[name] = out[alias]
     return out
-
-
-def _featurize_structure(row: dict) -> dict:
-    """`datasets.map` function: parse and featurize one (structure, chains); errors are stored, not raised."""
-    out = {"error": "", "length": 0, "num_designed": 0}
-    empty = {
-        "X": np.zeros(0, np.float32),
-        "mask": np.zeros(0, np.float32),
-        "residue_idx": np.zeros(0, np.int32),
-        "chain_encoding": np.zeros(0, np.int32),
-        "design_mask": np.zeros(0, np.float32),
-        "native": np.zeros(0, np.int8),
-    }
-    try:
-        chains = parse_structure(row["path"])
-        design = row["design_chains"] or [next(iter(chains))]
-        features = featurize(chains, design, row["fixed_chains"], row["path"])
-    except StructureError as err:
-        return {**out, **empty, "error": str(err)}
-    return {
-        **out,
-        "X": features.X.reshape(-1),
-        "mask": features.mask,
-        "residue_idx": features.residue_idx.astype(np.int32),
-        "chain_encoding": features.chain_encoding.astype(np.int32),
-        "design_mask": features.design_mask,
-        "native": features.native.astype(np.int8),
-        "length": len(features.mask),
-        "num_designed": int(features.design_mask.sum()),
-        "design_chains": design,
-    }
-
-
-STRUCTURE_FEATURES = datasets.Features(
-    {
-        "path": datasets.Value("string"),
-        "design_chains": datasets.Sequence(datasets.Value("string")),
-        "fixed_chains": datasets.Sequence(datasets.Value("string")),
-        "error": datasets.Value("string"),
-        "length": datasets.Value("int32"),
-        "num_designed": datasets.Value("int32"),
-        "X": datasets.Sequence(datasets.Value("float32")),
-        "mask": datasets.Sequence(datasets.Value("float32")),
-        "residue_idx": datasets.Sequence(datasets.Value("int32")),
-        "chain_encoding": datasets.Sequence(datasets.Value("int32")),
-        "design_mask": datasets.Sequence(datasets.Value("float32")),
-        "native": datasets.Sequence(datasets.Value("int8")),
-    }
-)
-
-
-def _fingerprint(keys: Sequence[tuple[str, tuple[str, ...], tuple[str, ...]]]) -> str:
-    """Hash of the structure keys and each file's size and modification time: a changed file invalidates."""
-    digest = hashlib.sha256(FEATURES_VERSION.encode())
-    for path, design, fixed in keys:
-        stat = Path(path).stat()
-        digest.update(json.dumps([path, design, fixed, stat.st_size, stat.st_mtime_ns]).encode())
-    return digest.hexdigest()[:20]
-
-
-def default_cache_dir() -> Path:
-    return Path(datasets.config.HF_DATASETS_CACHE) / "dpo_inv"
-
-
-def _save_atomically(table: datasets.Dataset, target: Path) -> None:
-    """Save to `target` through a temporary folder; a concurrent run that saved it first wins."""
-    tmp = target.with_name(f"{target.name}.{os.getpid()}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    table.save_to_disk(str(tmp))
-    try:
-        tmp.rename(target)
-    except OSError:
-        if not target.is_dir():
-            raise
-        shutil.rmtree(tmp)
-
-
-def build_structures(
-    keys: Sequence[tuple[str, tuple[str, ...], tuple[str, ...]]],
-    cache_dir: str | Path | None = None,
-    num_proc: int | None = None,
-) -> tuple[datasets.Dataset, Path, bool]:
-    """Features of each structure key, parsed once and cached as Arrow; returns (table, its folder,
-    loaded_from_cache). A structure that cannot be used is kept as a row with its `error`."""
-    cache_root = Path(cache_dir) if cache_dir else default_cache_dir()
-    target = cache_root / f"structures-{_fingerprint(keys)}"
-    if target.is_dir():
-        with quiet_datasets():
-            return datasets.load_from_disk(str(target)), target, True
-    keys_table = {
-        "path": [k[0] for k in keys],
-        "design_chains": [list(k[1]) for k in keys],
-        "fixed_chains": [list(k[2]) for k in keys],
-    }  # typed: a column of empty lists would otherwise be read as nulls, which no feature can follow
-    table = datasets.Dataset.from_dict(
-        keys_table, features=datasets.Features({name: STRUCTURE_FEATURES[name] for name in keys_table})
-    )
-    parts = []
-    with quiet_datasets(), progress(total=len(keys), desc="Parsing structures", unit="structure",
-                                    disable=len(keys) <= PARSE_CHUNK) as bar:  # fmt: skip
-        for start in range(0, len(keys), PARSE_CHUNK):
-            chunk = table.select(range(start, min(start + PARSE_CHUNK, len(keys))))
-            parts.append(
-                chunk.map(
-                    _featurize_structure,
-                    features=STRUCTURE_FEATURES,
-                    num_proc=num_proc if num_proc and num_proc > 1 and len(chunk) > 1 else None,
-                    keep_in_memory=True,
-                )
-            )
-            bar.update(len(chunk))
-        _save_atomically(datasets.concatenate_datasets(parts), target)
-        return datasets.load_from_disk(str(target)), target, False
 
 
 def _mutable_mask(record: dict, num_designed: int) -> np.ndarray:
@@ -241,6 +127,7 @@ PAIR_FEATURES = datasets.Features(
         "label": datasets.Value("int8"),  # 1 for pairs and desirable sequences
         "chosen_scores": datasets.Sequence(datasets.Value("float32")),  # empty without residue scores
         "rejected_scores": datasets.Sequence(datasets.Value("float32")),
+        "membrane_labels": datasets.Sequence(datasets.Value("int8")),  # empty without membrane fields
     }
 )
 
@@ -288,10 +175,10 @@ def _residue_scores(data: dict, num_designed: int, required: bool) -> tuple[list
     return chosen, rejected
 
 
-def _row(
-    data: dict, fields: tuple[str, str], num_designed: int, pdb: str, chains: tuple[str, ...], residue: bool
-) -> dict:
-    """The stored columns of one record; a ValueError or TypeError says what is wrong."""
+def _row(data: dict, fields: tuple[str, str], structure: dict, residue: bool) -> dict:
+    """The stored columns of one record on its `structure` (the columns error, num_designed, design_chains
+    and residue_ids); a ValueError or TypeError says what is wrong."""
+    num_designed, chains, pdb = structure["num_designed"], tuple(structure["design_chains"]), data["pdb_file"]
     first, second = fields
     if fields == LABEL_FIELDS or (fields == SEQUENCE_FIELDS and data.get(second) is None):
         second = first
@@ -313,6 +200,7 @@ def _row(
         "label": _label(data["label"]) if fields == LABEL_FIELDS else 1,
         "chosen_scores": chosen_scores,
         "rejected_scores": rejected_scores,
+        "membrane_labels": membrane_labels(data, structure["residue_ids"]),
     }
 
 
@@ -324,6 +212,7 @@ def load_pairs(
     structure_roots: Sequence[str | Path] = (),
     on_bad_record: str = "fail",
     require_residue_scores: bool = False,
+    options: ParseOptions = PROTEINMPNN_PARSE,
 ) -> PairDataset:
     """Load and validate a preference file. Every record is checked; with `on_bad_record="fail"` all bad
     records are reported together in one `DataError`, with `"skip"` they are left out and listed in
@@ -332,7 +221,8 @@ def load_pairs(
     `fields` name the two sequences of a record (stored as `chosen` and `rejected`); with
     `SEQUENCE_FIELDS` a sequences file loads the same way, a missing `wildtype_seq` meaning the sequence;
     with `LABEL_FIELDS` a labelled sequences file, its `sequence` stored twice and its `label`. Pairs keep
-    their per-residue scores where they have them (required with `require_residue_scores`).
+    their per-residue scores where they have them (required with `require_residue_scores`), and their
+    membrane labels. `options` say how structures are read (LigandMPNN's residues and ligand context).
     """
     if on_bad_record not in ON_BAD_RECORD:
         raise ValueError(f"on_bad_record must be one of {ON_BAD_RECORD}, got {on_bad_record!r}")
@@ -357,19 +247,21 @@ def load_pairs(
 
     structures, structures_dir = None, None
     if keys:
-        structures, structures_dir, _ = build_structures(list(keys), cache_dir=cache_dir, num_proc=num_proc)
-        structure_errors = list(structures["error"])  # plain lists: one column read, not one per record
-        num_designed = list(structures["num_designed"])
-        design_chains = list(structures["design_chains"])
+        structures, structures_dir, _ = build_structures(list(keys), cache_dir, num_proc, options)
+        # plain lists: one column read, not one per record
+        read = {
+            name: list(structures[name]) for name in ("error", "num_designed", "design_chains", "residue_ids")
+        }
     columns: dict[str, list] = {name: [] for name in PAIR_FEATURES}
     for number, data, sid in usable:
         location = records[number].location
-        if structure_errors[sid]:
-            bad[number] = BadRecord(location, structure_errors[sid], records[number].data)
+        if read["error"][sid]:
+            bad[number] = BadRecord(location, read["error"][sid], records[number].data)
             continue
-        pdb, chains = data["pdb_file"], tuple(design_chains[sid])
         try:
-            row = _row(data, fields, num_designed[sid], pdb, chains, require_residue_scores)
+            row = _row(
+                data, fields, {name: column[sid] for name, column in read.items()}, require_residue_scores
+            )
         except (ValueError, TypeError) as err:
             bad[number] = BadRecord(location, str(err), records[number].data)
             continue
@@ -394,7 +286,7 @@ def load_pairs(
     pairs_dir = structures_dir.parent / f"pairs-{digest}"
     with quiet_datasets():
         if not pairs_dir.is_dir():
-            _save_atomically(datasets.Dataset.from_dict(columns, features=PAIR_FEATURES), pairs_dir)
+            save_atomically(datasets.Dataset.from_dict(columns, features=PAIR_FEATURES), pairs_dir)
         pairs = datasets.load_from_disk(str(pairs_dir))
     return PairDataset(
         pairs=pairs,

@@ -186,6 +186,7 @@ class CAProteinFeatures(_GraphFeatures):
 
 
 _NUM_ELEMENTS, _NUM_GROUPS, _NUM_PERIODS = 120, 19, 8  # one-hot sizes of atomic number, group, period
+_GROUPS_AND_PERIODS = torch.tensor([periodic_group_and_period(z) for z in range(_NUM_ELEMENTS)])
 
 
 class LigandFeatures(ProteinFeatures):
@@ -204,8 +205,6 @@ class LigandFeatures(ProteinFeatures):
         self.y_edges = nn.Linear(_NUM_RBF, node_features, bias=False)
         self.norm_y_edges = nn.LayerNorm(node_features)
         self.norm_y_nodes = nn.LayerNorm(node_features)
-        table = torch.tensor([periodic_group_and_period(z) for z in range(_NUM_ELEMENTS)], dtype=torch.long)
-        self.register_buffer("groups_and_periods", table, persistent=False)
 
     def nearest_atoms(
         self, X: Tensor, mask: Tensor, xyz: Tensor, element: Tensor, atom_mask: Tensor
@@ -219,7 +218,7 @@ class LigandFeatures(ProteinFeatures):
         return Y, gather_neighbors(element, idx), gather_neighbors(atom_mask, idx)
 
     def _element_one_hot(self, element: Tensor) -> Tensor:
-        group, period = self.groups_and_periods[element].unbind(-1)
+        group, period = _GROUPS_AND_PERIODS.to(element.device)[element].unbind(-1)
         return torch.cat(
             (
                 F.one_hot(element, _NUM_ELEMENTS),

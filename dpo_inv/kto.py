@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from dpo_inv.batches import structure_inputs
 from dpo_inv.model import sequence_log_probs
 
 UNPAIRED_LOSS_TYPES = ("kto", "apo_zero_unpaired")
@@ -38,7 +39,7 @@ def sequence_logps(
     log p. `ranks` is [B, K, L]."""
     num_orders = ranks.shape[1]
     sequences = batch["chosen"].unsqueeze(1).expand(-1, num_orders, -1)
-    inputs = {k: batch[k] for k in ("X", "mask", "residue_idx", "chain_encoding")}
+    inputs = structure_inputs(batch)
     log_probs = model(**inputs, S=sequences, ranks=ranks).float()  # [B, K, L, 21]
     with torch.no_grad():
         ref_log_probs = reference(**inputs, S=sequences, ranks=ranks).float()

@@ -16,12 +16,14 @@ from torch.utils.data import DataLoader
 from dpo_inv.batches import REFERENCE_COLUMNS, PreferenceDataset, collate
 from dpo_inv.config import EXIT_BAD_INPUT, DPOConfig
 from dpo_inv.data import LABEL_FIELDS, PAIR_FIELDS, SEQUENCE_FIELDS, PairDataset, load_pairs, load_saved_pairs
+from dpo_inv.featurized import empty_context_note
 from dpo_inv.loss import batch_ranks, pair_logps
 from dpo_inv.model import ProteinMPNN
 from dpo_inv.progress import progress
 from dpo_inv.records import DataError
 from dpo_inv.stopping import TrainingStopped
 from dpo_inv.variants import LabelledVariants, variant_labels
+from dpo_inv.weights import model_parse_options
 
 
 @dataclass(frozen=True)
@@ -99,6 +101,9 @@ def validate(
 ) -> tuple[list[PairDataset], LabelledVariants | None]:
     """Load and check every data file; one `DataError` reports the bad records of all of them."""
     loaded, errors, variants = [], [], None
+    options["options"] = model_parse_options(
+        config.model_name_or_path, config.ref_model_name_or_path, config.ligand_context, config.ligand_exclude
+    )
     for name in names:
         try:
             loaded.append(load_pairs(name, config.cache_dir, config.dataset_num_proc, **options))
@@ -112,12 +117,16 @@ def validate(
                 config.dataset_num_proc,
                 fields=SEQUENCE_FIELDS,
                 structure_roots=options["structure_roots"],
+                options=options["options"],
             )
             variants = LabelledVariants(data, variant_labels(config.eval_variants_file))
         except DataError as err:
             errors.append(str(err))
     if errors:
         raise DataError("\n".join(errors))
+    note = empty_context_note(loaded[0].structures, options["options"])
+    if note:
+        print(f"Note: {note}", flush=True)
     return loaded, variants
 
 

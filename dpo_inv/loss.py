@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from dpo_inv.batches import structure_inputs
 from dpo_inv.model import decoding_ranks, derive_seed
 
 LOSS_TYPES = ("sigmoid", "ipo", "hinge", "robust", "residpo", "sft")
@@ -68,14 +69,7 @@ def pair_logps(model: torch.nn.Module, batch: dict[str, torch.Tensor], ranks: to
     num_orders = ranks.shape[1]
     sequences = torch.stack([batch["chosen"], batch["rejected"]], dim=1)  # [B, 2, L]
     sequences = sequences.repeat_interleave(num_orders, dim=1)  # [B, 2K, L]: chosen x K, rejected x K
-    log_probs = model(
-        X=batch["X"],
-        S=sequences,
-        mask=batch["mask"],
-        residue_idx=batch["residue_idx"],
-        chain_encoding=batch["chain_encoding"],
-        ranks=ranks.repeat(1, 2, 1),
-    )  # [B, 2K, L, 21]
+    log_probs = model(S=sequences, ranks=ranks.repeat(1, 2, 1), **structure_inputs(batch))  # [B, 2K, L, 21]
     token = log_probs.float().gather(-1, sequences.unsqueeze(-1)).squeeze(-1)  # [B, 2K, L]
     B, L = token.shape[0], token.shape[-1]
     per_position = (token * batch["loss_mask"].unsqueeze(1)).view(B, 2, num_orders, L).mean(2)

@@ -32,6 +32,8 @@ from transformers import HfArgumentParser
 
 from dpo_inv.data import SEQUENCE_FIELDS, PairDataset, load_pairs, residue_score_list
 from dpo_inv.records import DataError, Record, load_records, raise_bad_records, write_jsonl
+from dpo_inv.structure import PROTEINMPNN_PARSE
+from dpo_inv.weights import model_parse_options
 
 STRATEGIES = {
     "best_vs_worst": "i-th best against i-th worst of each group",
@@ -83,6 +85,13 @@ class PairsConfig:
     )
     seed: int = field(default=0, metadata={"help": "Seed of the subsets of max_pairs_per_structure."})
     cache_dir: str | None = field(default=None, metadata={"help": "Cache for parsed structures."})
+    model: str | None = field(
+        default=None,
+        metadata={
+            "help": "The model the pairs are for, when a LigandMPNN model: its residues are LigandMPNN's "
+            "(modified amino acids count)."
+        },
+    )
     debug: bool = field(default=False, metadata={"help": "Print the traceback of a bad-input error too."})
 
 
@@ -296,7 +305,8 @@ def make_pairs(config: PairsConfig) -> dict:
     check_options(config)
     path = Path(config.data)
     records = load_records(path)
-    loaded = load_pairs(path, config.cache_dir, fields=SEQUENCE_FIELDS, on_bad_record="skip")
+    options = model_parse_options(config.model) if config.model else PROTEINMPNN_PARSE
+    loaded = load_pairs(path, config.cache_dir, fields=SEQUENCE_FIELDS, on_bad_record="skip", options=options)
     groups, merged = read_groups(records, loaded, config)
     output = Path(config.output)
     rng = random.Random(config.seed)

@@ -39,7 +39,7 @@ from dpo_inv.stopping import TrainingStopped, run_job
 from dpo_inv.structure import ALPHABET
 from dpo_inv.targets import Targets, load_targets
 from dpo_inv.train import fit, load_models, model_overrides, start_job
-from dpo_inv.weights import load_model
+from dpo_inv.weights import load_model, model_parse_options
 
 
 @dataclass
@@ -216,6 +216,7 @@ def training_file(accelerator: Accelerator, config: RoundsConfig, sampled: Pass)
     failure, count = None, 0
     if accelerator.is_main_process:
         options = PairsConfig(
+            model=config.model_name_or_path,
             output=str(output),
             data=str(sampled.samples_file),
             score_field="reward",
@@ -316,7 +317,10 @@ def round_reference(accelerator: Accelerator, config: RoundsConfig, base: Protei
 def run_rounds(config: RoundsConfig) -> list[dict]:
     """Every round, then the last sampling pass; returns the lines of rounds.jsonl."""
     accelerator, setup = start_job(config)
-    targets = load_targets(config.targets_file)
+    options = model_parse_options(
+        config.model_name_or_path, config.ref_model_name_or_path, config.ligand_context, config.ligand_exclude
+    )
+    targets = load_targets(config.targets_file, options)
     finished = prepare_output(accelerator, config)
     policy, base = load_models(config, accelerator.device)
     start = len(finished)

@@ -25,13 +25,24 @@ import torch.nn.functional as F
 from torch import Tensor
 from transformers import HfArgumentParser
 
-from dpo_inv.batches import collate
+from dpo_inv.batches import collate, structure_inputs
+from dpo_inv.context import ContextAtoms, context_atoms
 from dpo_inv.launch import resolve_device
 from dpo_inv.layers import causal_neighbor_mask, gather_nodes, gather_sample_nodes, scatter_sample_nodes
 from dpo_inv.model import ProteinMPNN, decoding_ranks, derive_seed, sequence_log_probs
 from dpo_inv.progress import progress
-from dpo_inv.structure import ALPHABET, AMINO_ACIDS, Chain, StructureError, featurize, parse_structure
-from dpo_inv.weights import load_model
+from dpo_inv.structure import (
+    ALPHABET,
+    AMINO_ACIDS,
+    PROTEINMPNN_PARSE,
+    Chain,
+    ParseOptions,
+    StructureError,
+    featurize,
+    protein_chains,
+    read_model,
+)
+from dpo_inv.weights import LIGAND_CONTEXT_HELP, LIGAND_EXCLUDE_HELP, load_model, model_parse_options
 
 STRUCTURE_SUFFIXES = (".gz", ".pdb", ".ent", ".cif", ".mmcif")
 RESIDUE = r"-?\d+[A-Z]?"
@@ -119,9 +130,7 @@ def sample_sequences(
     lengths = batch["length"].tolist()
     ranks = decoding_ranks(decoded.float(), mask, seeds, num_orders=num_samples, lengths=lengths)
     noise = gumbel_noise(seeds, lengths, num_samples, mask.shape[1]).to(device)
-    enc = model.encode(
-        batch["X"].to(device), mask, batch["residue_idx"].to(device), batch["chain_encoding"].to(device)
-    )
+    enc = model.encode(**{name: value.to(device) for name, value in structure_inputs(batch).items()})
     mask_bw = mask[:, :, None, None] * causal_neighbor_mask(ranks, enc.E_idx)
     tokens = native.unsqueeze(-1).repeat(1, 1, num_samples)  # [B, L, N]
     h_S = model.W_s(tokens)
@@ -187,6 +196,8 @@ class SampleConfig:
         metadata={"help": "Seed of the decoding orders and draws; batch k uses one from (seed, k)."},
     )
     device: str | None = field(default=None, metadata={"help": "cpu, cuda, ...; default: cuda if available."})
+    ligand_context: bool = field(default=True, metadata={"help": LIGAND_CONTEXT_HELP})
+    ligand_exclude: list[str] = field(default_factory=list, metadata={"help": LIGAND_EXCLUDE_HELP})
 
     def __post_init__(self) -> None:
         if self.structure is None and self.structure_list is None:
@@ -287,6 +298,7 @@ class Design:
     name: str
     design_chains: list[str]
     example: dict[str, Any]
+    num_context_atoms: int = 0
 
 
 def prepare_design(
@@ -294,9 +306,12 @@ def prepare_design(
     design_chains: Sequence[str],
     fixed_chains: Sequence[str],
     fixed_positions: dict[str, list[tuple[str, str]]],
+    options: ParseOptions = PROTEINMPNN_PARSE,
 ) -> Design:
-    """Parse and featurize ``path``; without ``design_chains``, every chain not fixed is designed."""
-    chains = parse_structure(path)
+    """Parse and featurize ``path`` as ``options`` say; without ``design_chains``, every chain not fixed is
+    designed."""
+    structure = read_model(path)
+    chains = protein_chains(structure, path, options)
     design = list(design_chains) or [c for c in chains if c not in fixed_chains]
     features = featurize(chains, design, list(fixed_chains), path)
     num_designed = int(features.design_mask.sum())
@@ -330,7 +345,10 @@ def prepare_design(
         "weight": 1.0,
         "index": 0,
     }
-    return Design(path=path, name=structure_name(path), design_chains=design, example=example)
+    context = context_atoms(structure, options) if options.ligand_mpnn else ContextAtoms.empty()
+    if options.ligand_mpnn:
+        example |= {"context_xyz": context.xyz.reshape(-1), "context_element": context.element}
+    return Design(path, structure_name(path), design, example, len(context))
 
 
 def sample_structure(
@@ -386,11 +404,15 @@ def sample(config: SampleConfig) -> None:
     fixed = parse_fixed_positions(config.fixed_positions)
     bias = parse_bias(config.bias_aas)
     allowed_tokens(config.omit_aas)
-    designs = [prepare_design(p, config.design_chains, config.fixed_chains, fixed) for p in paths]
+    options = model_parse_options(config.model, None, config.ligand_context, config.ligand_exclude)
+    designs = [prepare_design(p, config.design_chains, config.fixed_chains, fixed, options) for p in paths]
     names = [d.name for d in designs]
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
         raise ValueError(f"several structures are named {', '.join(duplicates)}: their .fa files would clash")
+    empty = [d.name for d in designs if d.num_context_atoms == 0]
+    if options.ligand_mpnn and options.ligand_context and empty:
+        print(f"note: no ligand context atoms in {', '.join(empty)}: LigandMPNN sees their protein only")
     model = load_model(config.model).to(resolve_device(config.device)).eval()
     output = Path(config.output_dir)
     output.mkdir(parents=True, exist_ok=True)

@@ -27,6 +27,7 @@ from transformers import HfArgumentParser
 
 from dpo_inv.batches import PreferenceDataset, collate
 from dpo_inv.data import PAIR_FIELDS, SEQUENCE_FIELDS, load_pairs
+from dpo_inv.featurized import empty_context_note
 from dpo_inv.launch import resolve_device
 from dpo_inv.loss import PairLogps, batch_ranks, pair_logps
 from dpo_inv.model import ProteinMPNN
@@ -39,7 +40,7 @@ from dpo_inv.variants import (
     spearman,
     spearman_by_structure,
 )
-from dpo_inv.weights import load_model
+from dpo_inv.weights import LIGAND_CONTEXT_HELP, LIGAND_EXCLUDE_HELP, load_model, model_parse_options
 
 
 @dataclass
@@ -82,6 +83,8 @@ class ScoreConfig:
         default=None, metadata={"help": "cpu, cuda, xpu, ...; default: the best available."}
     )
     cache_dir: str | None = field(default=None, metadata={"help": "Cache for parsed structures."})
+    ligand_context: bool = field(default=True, metadata={"help": LIGAND_CONTEXT_HELP})
+    ligand_exclude: list[str] = field(default_factory=list, metadata={"help": LIGAND_EXCLUDE_HELP})
 
 
 @torch.no_grad()
@@ -186,7 +189,14 @@ def score(config: ScoreConfig) -> dict:
     rows = [record.data or {} for record in load_records(config.data)]
     columns = {name for row in rows for name in row}
     is_pairs = not ("sequence" in columns and "preferred_seq" not in columns)
-    data = load_pairs(config.data, config.cache_dir, fields=PAIR_FIELDS if is_pairs else SEQUENCE_FIELDS)
+    options = model_parse_options(
+        config.model, config.reference, config.ligand_context, config.ligand_exclude
+    )
+    fields = PAIR_FIELDS if is_pairs else SEQUENCE_FIELDS
+    data = load_pairs(config.data, config.cache_dir, fields=fields, options=options)
+    note = empty_context_note(data.structures, options)
+    if note:
+        print(f"note: {note}", file=sys.stderr)
     device = resolve_device(config.device)
     summary: dict = {"count": len(rows), "model": config.model, "reference": config.reference}
     dataset = PreferenceDataset(data)

@@ -54,6 +54,9 @@ class ParseOptions:
     ligand_exclude: tuple[str, ...] = ()
 
 
+PROTEINMPNN_PARSE = ParseOptions()  # how official ProteinMPNN reads structures
+
+
 @dataclass(frozen=True)
 class Chain:
     """One protein chain: observed residues in file order.
@@ -188,7 +191,7 @@ def _letter(resname: str, options: ParseOptions) -> str:
     return residue_letter(resname)
 
 
-def parse_structure(path: str | Path, options: ParseOptions = ParseOptions()) -> dict[str, Chain]:
+def parse_structure(path: str | Path, options: ParseOptions = PROTEINMPNN_PARSE) -> dict[str, Chain]:
     """Parse the first model of a PDB or mmCIF file (optionally gzipped) into protein chains.
 
     As in official ProteinMPNN, residues come from ATOM records plus selenomethionine (MSE) HETATM records;
@@ -200,7 +203,7 @@ def parse_structure(path: str | Path, options: ParseOptions = ParseOptions()) ->
 
 
 def protein_chains(
-    model: Model, path: str | Path, options: ParseOptions = ParseOptions()
+    model: Model, path: str | Path, options: ParseOptions = PROTEINMPNN_PARSE
 ) -> dict[str, Chain]:
     """The protein chains of a parsed model (see `parse_structure`)."""
     chains: dict[str, Chain] = {}

@@ -15,7 +15,7 @@ from pathlib import Path
 from dpo_inv.data import structure_key
 from dpo_inv.records import DataError, load_records, raise_bad_records
 from dpo_inv.sample import Design, parse_fixed_positions, prepare_design
-from dpo_inv.structure import StructureError
+from dpo_inv.structure import PROTEINMPNN_PARSE, ParseOptions, StructureError
 
 
 @dataclass(frozen=True)
@@ -29,17 +29,18 @@ class Targets:
         return len(self.designs)
 
 
-def _design(data: dict, root: Path) -> tuple[Design, list[str]]:
+def _design(data: dict, root: Path, options: ParseOptions) -> tuple[Design, list[str]]:
     """One target's Design and fixed chains; a ValueError (or StructureError) says what is wrong."""
     path, design_chains, fixed_chains = structure_key(data, root, ())
     fixed = data.get("fixed_positions") or []
     specs = [fixed] if isinstance(fixed, str) else [str(s) for s in fixed]
-    design = prepare_design(Path(path), design_chains, fixed_chains, parse_fixed_positions(specs))
+    design = prepare_design(Path(path), design_chains, fixed_chains, parse_fixed_positions(specs), options)
     return design, list(fixed_chains)
 
 
-def load_targets(path: str | Path) -> Targets:
-    """The targets of a targets file; every bad target is reported, one line each naming it."""
+def load_targets(path: str | Path, options: ParseOptions = PROTEINMPNN_PARSE) -> Targets:
+    """The targets of a targets file, read as `options` say; every bad target is reported, one line each
+    naming it."""
     path = Path(path)
     records = load_records(path)
     designs, fixed_chains, errors = [], [], []
@@ -48,7 +49,7 @@ def load_targets(path: str | Path) -> Targets:
             errors.append(f"{record.location}: {record.error}")
             continue
         try:
-            design, fixed = _design(record.data, path.resolve().parent)
+            design, fixed = _design(record.data, path.resolve().parent, options)
         except (ValueError, StructureError) as err:
             errors.append(f"{record.location}: {err}")
             continue

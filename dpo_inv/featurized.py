@@ -1,0 +1,173 @@
+"""Structure features of (structure file, designed chains, fixed chains) keys, parsed once and cached as
+Arrow."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import shutil
+from collections.abc import Sequence
+from pathlib import Path
+
+import datasets
+import numpy as np
+
+from dpo_inv.context import ContextAtoms, context_atoms
+from dpo_inv.progress import progress, quiet_datasets
+from dpo_inv.structure import (
+    PROTEINMPNN_PARSE,
+    ParseOptions,
+    StructureError,
+    featurize,
+    protein_chains,
+    read_model,
+)
+
+PARSE_CHUNK = 512  # structures parsed between two progress updates
+FEATURES_VERSION = "3"  # bump when the stored structure features change
+
+
+def empty_context_note(structures: datasets.Dataset, options: ParseOptions) -> str | None:
+    """For LigandMPNN models with the ligand context on: a line naming the structures without context atoms,
+    whose context is then empty; None when there are none."""
+    if not options.ligand_mpnn or not options.ligand_context:
+        return None
+    empty = [p for p, n in zip(structures["path"], structures["num_context_atoms"], strict=True) if n == 0]
+    if not empty:
+        return None
+    shown = ", ".join(Path(p).name for p in empty[:3]) + (", ..." if len(empty) > 3 else "")
+    return (
+        f"{len(empty)} of {len(structures)} structures have no ligand context atoms ({shown}): "
+        "LigandMPNN sees their protein only"
+    )
+
+
+def _featurize_structure(row: dict, options: ParseOptions) -> dict:
+    """`datasets.map` function: parse and featurize one (structure, chains); errors are stored, not raised."""
+    out = {"error": "", "length": 0, "num_designed": 0, "num_context_atoms": 0}
+    empty = {
+        "X": np.zeros(0, np.float32),
+        "mask": np.zeros(0, np.float32),
+        "residue_idx": np.zeros(0, np.int32),
+        "chain_encoding": np.zeros(0, np.int32),
+        "design_mask": np.zeros(0, np.float32),
+        "native": np.zeros(0, np.int8),
+        "residue_ids": [],
+        "context_xyz": np.zeros(0, np.float32),
+        "context_element": np.zeros(0, np.int8),
+    }
+    try:
+        model = read_model(row["path"])
+        chains = protein_chains(model, row["path"], options)
+        design = row["design_chains"] or [next(iter(chains))]
+        features = featurize(chains, design, row["fixed_chains"], row["path"])
+    except StructureError as err:
+        return {**out, **empty, "error": str(err)}
+    context = context_atoms(model, options) if options.ligand_mpnn else ContextAtoms.empty()
+    return {
+        **out,
+        "X": features.X.reshape(-1),
+        "mask": features.mask,
+        "residue_idx": features.residue_idx.astype(np.int32),
+        "chain_encoding": features.chain_encoding.astype(np.int32),
+        "design_mask": features.design_mask,
+        "native": features.native.astype(np.int8),
+        "residue_ids": [f"{c}{n}" for c in [*design, *row["fixed_chains"]] for n in chains[c].numbers],
+        "context_xyz": context.xyz.reshape(-1),
+        "context_element": context.element,
+        "length": len(features.mask),
+        "num_designed": int(features.design_mask.sum()),
+        "num_context_atoms": len(context),
+        "design_chains": design,
+    }
+
+
+STRUCTURE_FEATURES = datasets.Features(
+    {
+        "path": datasets.Value("string"),
+        "design_chains": datasets.Sequence(datasets.Value("string")),
+        "fixed_chains": datasets.Sequence(datasets.Value("string")),
+        "error": datasets.Value("string"),
+        "length": datasets.Value("int32"),
+        "num_designed": datasets.Value("int32"),
+        "num_context_atoms": datasets.Value("int32"),
+        "X": datasets.Sequence(datasets.Value("float32")),
+        "mask": datasets.Sequence(datasets.Value("float32")),
+        "residue_idx": datasets.Sequence(datasets.Value("int32")),
+        "chain_encoding": datasets.Sequence(datasets.Value("int32")),
+        "design_mask": datasets.Sequence(datasets.Value("float32")),
+        "native": datasets.Sequence(datasets.Value("int8")),
+        "residue_ids": datasets.Sequence(datasets.Value("string")),  # chain + author number, e.g. "A52A"
+        "context_xyz": datasets.Sequence(datasets.Value("float32")),  # ligand context atoms, flattened
+        "context_element": datasets.Sequence(datasets.Value("int8")),  # their atomic numbers
+    }
+)
+
+
+def _fingerprint(keys: Sequence[tuple[str, tuple[str, ...], tuple[str, ...]]], options: ParseOptions) -> str:
+    """Hash of the structure keys, the parse options and each file's size and modification time: a changed
+    file invalidates."""
+    digest = hashlib.sha256(json.dumps([FEATURES_VERSION, dataclasses.astuple(options)]).encode())
+    for path, design, fixed in keys:
+        stat = Path(path).stat()
+        digest.update(json.dumps([path, design, fixed, stat.st_size, stat.st_mtime_ns]).encode())
+    return digest.hexdigest()[:20]
+
+
+def default_cache_dir() -> Path:
+    return Path(datasets.config.HF_DATASETS_CACHE) / "dpo_inv"
+
+
+def save_atomically(table: datasets.Dataset, target: Path) -> None:
+    """Save to `target` through a temporary folder; a concurrent run that saved it first wins."""
+    tmp = target.with_name(f"{target.name}.{os.getpid()}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    table.save_to_disk(str(tmp))
+    try:
+        tmp.rename(target)
+    except OSError:
+        if not target.is_dir():
+            raise
+        shutil.rmtree(tmp)
+
+
+def build_structures(
+    keys: Sequence[tuple[str, tuple[str, ...], tuple[str, ...]]],
+    cache_dir: str | Path | None = None,
+    num_proc: int | None = None,
+    options: ParseOptions = PROTEINMPNN_PARSE,
+) -> tuple[datasets.Dataset, Path, bool]:
+    """Features of each structure key, parsed once and cached as Arrow; returns (table, its folder,
+    loaded_from_cache). A structure that cannot be used is kept as a row with its `error`."""
+    cache_root = Path(cache_dir) if cache_dir else default_cache_dir()
+    target = cache_root / f"structures-{_fingerprint(keys, options)}"
+    if target.is_dir():
+        with quiet_datasets():
+            return datasets.load_from_disk(str(target)), target, True
+    keys_table = {
+        "path": [k[0] for k in keys],
+        "design_chains": [list(k[1]) for k in keys],
+        "fixed_chains": [list(k[2]) for k in keys],
+    }  # typed: a column of empty lists would otherwise be read as nulls, which no feature can follow
+    table = datasets.Dataset.from_dict(
+        keys_table, features=datasets.Features({name: STRUCTURE_FEATURES[name] for name in keys_table})
+    )
+    parts = []
+    with quiet_datasets(), progress(total=len(keys), desc="Parsing structures", unit="structure",
+                                    disable=len(keys) <= PARSE_CHUNK) as bar:  # fmt: skip
+        for start in range(0, len(keys), PARSE_CHUNK):
+            chunk = table.select(range(start, min(start + PARSE_CHUNK, len(keys))))
+            parts.append(
+                chunk.map(
+                    _featurize_structure,
+                    fn_kwargs={"options": options},
+                    features=STRUCTURE_FEATURES,
+                    num_proc=num_proc if num_proc and num_proc > 1 and len(chunk) > 1 else None,
+                    keep_in_memory=True,
+                )
+            )
+            bar.update(len(chunk))
+        save_atomically(datasets.concatenate_datasets(parts), target)
+        return datasets.load_from_disk(str(target)), target, False
