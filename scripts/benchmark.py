@@ -58,7 +58,7 @@ from torch.utils.data import DataLoader, RandomSampler, Sampler
 from torch.utils.flop_counter import FlopCounterMode
 from trl import TrlParser
 
-import dpo_inv.data
+import dpo_inv.featurized
 from dpo_inv.batches import LengthGroupedSampler, PreferenceDataset, collate
 from dpo_inv.config import DPOConfig
 from dpo_inv.data import PairDataset, load_pairs
@@ -67,6 +67,7 @@ from dpo_inv.model import ProteinMPNN
 from dpo_inv.objective import step_metrics
 from dpo_inv.structure import AMINO_ACIDS, BACKBONE_ATOMS, parse_structure
 from dpo_inv.train import build_accelerator, load_models
+from dpo_inv.weights import model_parse_options
 
 ROOT = Path(__file__).resolve().parents[1]
 THREE_LETTER = {letter: name for name, letter in protein_letters_3to1.items() if letter in AMINO_ACIDS}
@@ -166,8 +167,8 @@ PARSES = multiprocessing.Value("i", 0)  # structure parses, in DataLoader worker
 
 
 def count_encoder_passes_and_parses() -> None:
-    """Wrap `ProteinMPNN.encode` and the data module's `parse_structure` with counters."""
-    encode, parse = ProteinMPNN.encode, dpo_inv.data.parse_structure
+    """Wrap `ProteinMPNN.encode` and the structure cache's `read_model` with counters."""
+    encode, parse = ProteinMPNN.encode, dpo_inv.featurized.read_model
 
     def counted_encode(self: ProteinMPNN, *args, **kwargs):
         ENCODES["policy" if self.training else "reference"] += 1
@@ -179,7 +180,7 @@ def count_encoder_passes_and_parses() -> None:
         return parse(path)
 
     ProteinMPNN.encode = counted_encode
-    dpo_inv.data.parse_structure = counted_parse
+    dpo_inv.featurized.read_model = counted_parse
 
 
 # ---- the device: synchronisation, memory, utilisation ---------------------------------------------------
@@ -449,7 +450,8 @@ def main() -> None:
         """Rank 0 writes the data file and parses its structures first; the others then read the cache."""
         start = time.perf_counter()
         with accelerator.main_process_first():
-            data = load_pairs(write(), cache_dir=config.cache_dir or work_dir / "cache")
+            options = model_parse_options(config.model_name_or_path, None, config.ligand_context)
+            data = load_pairs(write(), cache_dir=config.cache_dir or work_dir / "cache", options=options)
         return data, {"data": data.source, "load_seconds": round(time.perf_counter() - start, 2)}
 
     if options.find_max_length:

@@ -11,9 +11,10 @@ import pytest
 import torch
 from conftest import SHARED_DATA, STRUCTURES
 
-import dpo_inv.data as data
+import dpo_inv.featurized as featurized
 from dpo_inv.batches import LengthGroupedSampler, PreferenceDataset, collate
-from dpo_inv.data import build_structures, load_pairs
+from dpo_inv.data import load_pairs
+from dpo_inv.featurized import build_structures
 from dpo_inv.records import DataError
 from dpo_inv.structure import ALPHABET
 
@@ -36,13 +37,13 @@ def absolute(rows: list[dict], folder: Path = SHARED_DATA) -> list[dict]:
 @pytest.fixture
 def parse_count(monkeypatch):
     calls = []
-    real = data.parse_structure
+    real = featurized.read_model
 
     def counting(path):
         calls.append(path)
         return real(path)
 
-    monkeypatch.setattr(data, "parse_structure", counting)
+    monkeypatch.setattr(featurized, "read_model", counting)
     return calls
 
 

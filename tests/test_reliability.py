@@ -22,7 +22,7 @@ from test_train import env, metrics, run, small_pairs, weights
 
 from dpo_inv.checkpoints import checkpoint_problem, find_checkpoint, sorted_checkpoints
 from dpo_inv.config import EXIT_INTERRUPTED, EXIT_NONFINITE
-from dpo_inv.weights import _packaged_weights_dir, load_model
+from dpo_inv.weights import _packaged_path, load_model
 
 PY = sys.executable
 TRAIN = (PY, "-m", "dpo_inv.run")
@@ -241,7 +241,7 @@ def test_a_rank_that_fails_ends_the_job_with_its_message(tmp_path, start):
     (nodes / "node1").mkdir(parents=True)
     (nodes / "node0").mkdir()
     shutil.copy(
-        _packaged_weights_dir() / "vanilla_model_weights" / "v_48_020.pt", nodes / "node0" / "model.pt"
+        _packaged_path("vanilla", "v_48_020"), nodes / "node0" / "model.pt"
     )
     in_node_dir = f'cd "$0/node$LOCAL_RANK" && exec {PY} -m dpo_inv.run "$@"'
     output = tmp_path / "out"

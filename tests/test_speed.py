@@ -21,7 +21,7 @@ from test_train import small_pairs
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.data import DataLoader
 
-import dpo_inv.data
+import dpo_inv.featurized
 import dpo_inv.structure
 from dpo_inv.batches import LengthGroupedSampler, PreferenceDataset, collate
 from dpo_inv.config import DPOConfig
@@ -259,16 +259,16 @@ def test_no_structure_is_parsed_after_the_first_load(tmp_path, monkeypatch):
     """Features come from the Arrow cache: a second load and every DataLoader epoch, in worker processes too,
     run without the parser."""
     parsed = []
-    real = dpo_inv.data.parse_structure
-    monkeypatch.setattr(dpo_inv.data, "parse_structure", lambda path: parsed.append(path) or real(path))
+    real = dpo_inv.featurized.read_model
+    monkeypatch.setattr(dpo_inv.featurized, "read_model", lambda path: parsed.append(path) or real(path))
     path, cache = small_pairs(tmp_path), tmp_path / "cache"
     assert len(load_pairs(path, cache_dir=cache).structures) == len(parsed) == 2
 
     def refuse(path):
         raise AssertionError(f"parsed {path} after the first load")
 
-    monkeypatch.setattr(dpo_inv.data, "parse_structure", refuse)
-    monkeypatch.setattr(dpo_inv.structure, "parse_structure", refuse)
+    monkeypatch.setattr(dpo_inv.featurized, "read_model", refuse)
+    monkeypatch.setattr(dpo_inv.structure, "read_model", refuse)
     data = load_pairs(path, cache_dir=cache)
     assert all(f["filename"].startswith(str(cache)) for f in data.structures.cache_files)  # memory-mapped
     dataset = PreferenceDataset(data)
