@@ -203,11 +203,26 @@ class ContextLayer(nn.Module):
         self.act = nn.GELU()
         self.dense = PositionWiseFeedForward(num_hidden, num_hidden * 4)
 
-    def forward(self, h_V: Tensor, h_E: Tensor, mask_V: Tensor, mask_attend: Tensor) -> Tensor:
-        W_v, W_e = self.W1.weight.split([h_V.shape[-1], h_E.shape[-1]], dim=1)
-        pre = F.linear(h_E, W_e).add_(F.linear(h_V, W_v, self.W1.bias).unsqueeze(-2))
-        h_message = self.W3(self.act(self.W2(self.act(pre))))
-        dh = torch.sum(mask_attend.unsqueeze(-1).to(h_message.dtype) * h_message, -2) / self.scale
+    def forward(
+        self,
+        h_V: Tensor,
+        h_E: Tensor,
+        mask_V: Tensor,
+        mask_attend: Tensor,
+        edge_projection: nn.Linear | None = None,
+    ) -> Tensor:
+        """With ``edge_projection``, ``h_E`` are the entries before that linear map, which is folded into the
+        first layer of the message MLP. The last layer is applied after the sum over the entries."""
+        W_v, W_e = self.W1.weight.split([h_V.shape[-1], self.W1.in_features - h_V.shape[-1]], dim=1)
+        bias = self.W1.bias
+        if edge_projection is not None:
+            bias = bias + F.linear(edge_projection.bias, W_e)
+            W_e = W_e @ edge_projection.weight
+        pre = F.linear(h_E, W_e).add_(F.linear(h_V, W_v, bias).unsqueeze(-2))
+        hidden = self.act(self.W2(self.act(pre)))
+        mask = mask_attend.to(hidden.dtype)
+        summed = torch.einsum("...m,...mh->...h", mask, hidden)
+        dh = (F.linear(summed, self.W3.weight) + mask.sum(-1, keepdim=True) * self.W3.bias) / self.scale
         h_V = self.norm1(h_V + self.dropout1(dh))
         h_V = self.norm2(h_V + self.dropout2(self.dense(h_V)))
         return mask_V.unsqueeze(-1) * h_V

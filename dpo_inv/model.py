@@ -209,11 +209,10 @@ class ProteinMPNN(PreTrainedModel):
         h_V_C = self.W_c(h_V)
         Y_m_edges = Y_m[:, :, :, None] * Y_m[:, :, None, :]
         Y_nodes = self.W_nodes_y(Y_nodes)
-        Y_edges = self.W_edges_y(Y_edges)
         for atom_layer, residue_layer in zip(
             self.y_context_encoder_layers, self.context_encoder_layers, strict=True
         ):
-            Y_nodes = atom_layer(Y_nodes, Y_edges, Y_m, Y_m_edges)
+            Y_nodes = atom_layer(Y_nodes, Y_edges, Y_m, Y_m_edges, edge_projection=self.W_edges_y)
             h_V_C = residue_layer(h_V_C, torch.cat((h_E_context, Y_nodes), -1), mask, Y_m)
         h_V_C = F.dropout(self.V_C(h_V_C), self.config.dropout, self.training)
         return self.V_C_norm(h_V_C)
