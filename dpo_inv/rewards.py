@@ -16,7 +16,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from dpo_inv.structure import featurize, parse_structure
+from dpo_inv.structure import ParseOptions, featurize, parse_structure
 
 HYDROPHOBIC = frozenset("AVILMFWYC")
 NEIGHBOUR_RADIUS = 10.0
@@ -24,9 +24,9 @@ BURIED_NEIGHBOURS = 16
 
 
 @lru_cache(maxsize=256)
-def exposed_positions(pdb_file: str, design_chains: tuple[str, ...]) -> np.ndarray:
-    """[D] bool over the designed residues: observed and exposed."""
-    chains = parse_structure(pdb_file)
+def exposed_positions(pdb_file: str, design_chains: tuple[str, ...], ligand_mpnn: bool = False) -> np.ndarray:
+    """[D] bool over the designed residues (ProteinMPNN's, or LigandMPNN's): observed and exposed."""
+    chains = parse_structure(pdb_file, ParseOptions(ligand_mpnn=ligand_mpnn))
     features = featurize(chains, list(design_chains) or [next(iter(chains))], [], pdb_file)
     observed = features.mask > 0
     ca = features.X[:, 1]
@@ -43,13 +43,26 @@ def _design_chains(record: dict) -> tuple[str, ...]:
     return tuple(record.get("design_chains") or ())
 
 
+def _exposed(record: dict) -> np.ndarray:
+    """The exposure of the designed residues the record's sequence is for: ProteinMPNN's residues, or
+    LigandMPNN's where their number differs and matches (modified amino acids count)."""
+    key = (str(record["pdb_file"]), _design_chains(record))
+    exposed = exposed_positions(*key)
+    if len(record["sequence"]) != len(exposed):
+        ligand = exposed_positions(*key, ligand_mpnn=True)
+        if len(record["sequence"]) != len(ligand):
+            raise ValueError(
+                f"sequence has length {len(record['sequence'])}, the designed chains {len(exposed)} residues "
+                f"({len(ligand)} as LigandMPNN reads them)"
+            )
+        return ligand
+    return exposed
+
+
 def residue_scores(record: dict) -> list[float]:
     """Per designed residue: 0 at an exposed hydrophobic residue, else 1."""
-    exposed = exposed_positions(str(record["pdb_file"]), _design_chains(record))
-    sequence = record["sequence"]
-    if len(sequence) != len(exposed):
-        raise ValueError(f"sequence has length {len(sequence)}, the designed chains {len(exposed)} residues")
-    pairs = zip(sequence, exposed, strict=True)
+    exposed = _exposed(record)
+    pairs = zip(record["sequence"], exposed, strict=True)
     return [0.0 if is_exposed and aa in HYDROPHOBIC else 1.0 for aa, is_exposed in pairs]
 
 
@@ -57,7 +70,7 @@ def exposed_hydrophobic(records: list[dict]) -> list[float]:
     """The oracle score of each record (`pdb_file`, `sequence`, chains): -(exposed hydrophobic fraction)."""
     scores = []
     for record in records:
-        exposed = exposed_positions(str(record["pdb_file"]), _design_chains(record))
+        exposed = _exposed(record)
         per_residue = np.asarray(residue_scores(record))
         scores.append(-float((1 - per_residue[exposed]).mean()) if exposed.any() else 0.0)
     return scores

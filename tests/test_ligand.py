@@ -252,3 +252,19 @@ def test_dpo_sampling_and_export_with_a_ligand_model(tmp_path):
     assert result.returncode == 0, result.stderr[-2000:]
     records = [json.loads(line) for line in (samples / "samples.jsonl").read_text().splitlines()]
     assert len(records) == 2 and all(len(r["sequence"]) == 93 for r in records)
+
+
+def test_example_oracle_scores_sequences_of_either_family():
+    """The example reward takes a 1hvr chain A sequence with ProteinMPNN's 98 residues or LigandMPNN's 99."""
+    from dpo_inv.rewards import exposed_hydrophobic
+
+    path = str(SHARED / "1hvr.pdb.gz")
+    for options in (ParseOptions(), LIGAND):
+        native = parse_structure(path, options)["A"].sequence
+        records = [
+            {"pdb_file": path, "design_chains": ["A"], "sequence": s} for s in (native, "L" * len(native))
+        ]
+        native_score, all_leucine = exposed_hydrophobic(records)
+        assert all_leucine == -1.0 < native_score
+    with pytest.raises(ValueError, match=r"length 50, the designed chains 98 residues \(99 as LigandMPNN"):
+        exposed_hydrophobic([{"pdb_file": path, "design_chains": ["A"], "sequence": "A" * 50}])
