@@ -125,14 +125,9 @@ class EncLayer(nn.Module):
         return h_V, h_E
 
 
-class DecLayer(nn.Module):
-    """Decoder layer for N sequences per structure (nodes ``[B, L, N, H]``, edges ``[B, L, K, N, H]``).
-
-    The first linear layer of the message MLP acts on ``[h_V_i, h_E_ij, h_S_j, h_V_j]`` for neighbours decoded
-    before ``i`` and on ``[h_V_i, h_E_ij, 0, h_V_enc_j]`` for the others; it is applied block by block, with
-    the structure-only blocks computed once for all N sequences. The last linear layer is applied after the
-    sum over neighbours. A subset of positions can be updated alone, for incremental decoding.
-    """
+class NodeLayer(nn.Module):
+    """The parameters of a layer that updates nodes only (ProteinMPNN's decoder layer, LigandMPNN's context
+    layers): a three-layer message MLP ``W1``-``W3`` on ``[h_V_i, inputs_ij]``, then a feed-forward block."""
 
     def __init__(self, num_hidden: int, num_in: int, dropout: float = 0.1, scale: float = 30.0) -> None:
         super().__init__()
@@ -146,6 +141,16 @@ class DecLayer(nn.Module):
         self.W3 = nn.Linear(num_hidden, num_hidden, bias=True)
         self.act = nn.GELU()
         self.dense = PositionWiseFeedForward(num_hidden, num_hidden * 4)
+
+
+class DecLayer(NodeLayer):
+    """Decoder layer for N sequences per structure (nodes ``[B, L, N, H]``, edges ``[B, L, K, N, H]``).
+
+    The first linear layer of the message MLP acts on ``[h_V_i, h_E_ij, h_S_j, h_V_j]`` for neighbours decoded
+    before ``i`` and on ``[h_V_i, h_E_ij, 0, h_V_enc_j]`` for the others; it is applied block by block, with
+    the structure-only blocks computed once for all N sequences. The last linear layer is applied after the
+    sum over neighbours. A subset of positions can be updated alone, for incremental decoding.
+    """
 
     def forward(
         self, h_V: Tensor, h_S: Tensor, enc: Encoding, mask_bw: Tensor, positions: Tensor | None = None
@@ -185,23 +190,10 @@ class DecLayer(nn.Module):
         return mask.unsqueeze(-1) * h_V
 
 
-class ContextLayer(nn.Module):
+class ContextLayer(NodeLayer):
     """LigandMPNN's context message-passing layer: each node ``h_V [..., H]`` is updated from messages over
     its own set of context entries ``h_E [..., M, C]`` (a residue's context atoms, or an atom's fellow atoms),
     where ``mask_attend [..., M]`` is 1."""
-
-    def __init__(self, num_hidden: int, num_in: int, dropout: float = 0.1, scale: float = 30.0) -> None:
-        super().__init__()
-        self.scale = scale
-        self.dropout1 = nn.Dropout(dropout)
-        self.dropout2 = nn.Dropout(dropout)
-        self.norm1 = nn.LayerNorm(num_hidden)
-        self.norm2 = nn.LayerNorm(num_hidden)
-        self.W1 = nn.Linear(num_hidden + num_in, num_hidden, bias=True)
-        self.W2 = nn.Linear(num_hidden, num_hidden, bias=True)
-        self.W3 = nn.Linear(num_hidden, num_hidden, bias=True)
-        self.act = nn.GELU()
-        self.dense = PositionWiseFeedForward(num_hidden, num_hidden * 4)
 
     def forward(
         self,

@@ -162,7 +162,10 @@ class SampleConfig:
     output_dir: str = field(metadata={"help": "Where <structure name>.fa and samples.jsonl are written."})
     model: str = field(
         default="vanilla/v_48_020",
-        metadata={"help": "Official name (vanilla/v_48_020, ...), official .pt file or saved directory."},
+        metadata={
+            "help": "Official name (vanilla/v_48_020, ligand/v_32_010_25, ...), official .pt file or saved "
+            "directory. A LigandMPNN model designs around the structure's ligands, metals and nucleic acids."
+        },
     )
     structure: str | None = field(
         default=None, metadata={"help": "PDB or mmCIF file to design, optionally gzipped."}

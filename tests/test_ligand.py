@@ -135,9 +135,10 @@ def test_residues_follow_each_models_parser():
     assert set(protein_chains(read_model(SHARED / "1BC8.pdb.gz"), "1BC8", LIGAND)) == {"C"}
 
 
-def test_exported_checkpoint_loads_in_the_official_code(ligand_models, tmp_path):
-    model, _ = ligand_models
-    model.save_pretrained(tmp_path)
+@pytest.mark.parametrize("version", ["v_32_005_25", "v_32_010_25", "v_32_020_25", "v_32_030_25"])
+def test_exported_checkpoint_loads_in_the_official_code(version, tmp_path):
+    """Every LigandMPNN model, saved by dpo_inv, loads in the official code and equals it there."""
+    load_model(f"ligand/{version}").save_pretrained(tmp_path)
     exported = torch.load(tmp_path / "proteinmpnn.pt", map_location="cpu", weights_only=True)
     assert exported["atom_context_num"] == 25 and exported["num_edges"] == 32
     official = official_model(exported, "ligand_mpnn")
