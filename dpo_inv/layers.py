@@ -75,6 +75,33 @@ class PositionWiseFeedForward(nn.Module):
         return self.W_out(self.act(self.W_in(h)))
 
 
+class NodeLayer(nn.Module):
+    """The node update shared by the decoder and context layers: a three-layer message MLP ``W1``-``W3`` on
+    ``[h_V_i, inputs_ij]`` summed over the neighbours, then a feed-forward block."""
+
+    def __init__(self, num_hidden: int, num_in: int, dropout: float = 0.1, scale: float = 30.0) -> None:
+        super().__init__()
+        self.scale = scale
+        self.dropout1 = nn.Dropout(dropout)
+        self.dropout2 = nn.Dropout(dropout)
+        self.norm1 = nn.LayerNorm(num_hidden)
+        self.norm2 = nn.LayerNorm(num_hidden)
+        self.W1 = nn.Linear(num_hidden + num_in, num_hidden, bias=True)
+        self.W2 = nn.Linear(num_hidden, num_hidden, bias=True)
+        self.W3 = nn.Linear(num_hidden, num_hidden, bias=True)
+        self.act = nn.GELU()
+        self.dense = PositionWiseFeedForward(num_hidden, num_hidden * 4)
+
+    def _update_nodes(self, h_V: Tensor, summed: Tensor, count: Tensor | int, mask_V: Tensor) -> Tensor:
+        """New node states from ``summed``, the sum over ``count`` neighbours of the message MLP's hidden
+        layer before ``W3`` (``W3`` is linear, so it is applied once, after the sum); zero where ``mask_V``
+        is 0."""
+        dh = (F.linear(summed, self.W3.weight) + count * self.W3.bias) / self.scale
+        h_V = self.norm1(h_V + self.dropout1(dh))
+        h_V = self.norm2(h_V + self.dropout2(self.dense(h_V)))
+        return mask_V.unsqueeze(-1) * h_V
+
+
 class EncLayer(nn.Module):
     """Encoder message-passing layer: updates nodes from edges and neighbours, then edges from nodes.
 
@@ -83,7 +110,7 @@ class EncLayer(nn.Module):
     """
 
     def __init__(self, num_hidden: int, num_in: int, dropout: float = 0.1, scale: float = 30.0) -> None:
-        super().__init__()
+        super().__init__()  # parameters registered in the official order, which exports keep
         self.scale = scale
         self.dropout1 = nn.Dropout(dropout)
         self.dropout2 = nn.Dropout(dropout)
@@ -123,24 +150,6 @@ class EncLayer(nn.Module):
         h_message = self.W13(self.act(self.W12(hidden)))
         h_E = self.norm3(h_E + self.dropout3(h_message))
         return h_V, h_E
-
-
-class NodeLayer(nn.Module):
-    """The parameters of a layer that updates nodes only (ProteinMPNN's decoder layer, LigandMPNN's context
-    layers): a three-layer message MLP ``W1``-``W3`` on ``[h_V_i, inputs_ij]``, then a feed-forward block."""
-
-    def __init__(self, num_hidden: int, num_in: int, dropout: float = 0.1, scale: float = 30.0) -> None:
-        super().__init__()
-        self.scale = scale
-        self.dropout1 = nn.Dropout(dropout)
-        self.dropout2 = nn.Dropout(dropout)
-        self.norm1 = nn.LayerNorm(num_hidden)
-        self.norm2 = nn.LayerNorm(num_hidden)
-        self.W1 = nn.Linear(num_hidden + num_in, num_hidden, bias=True)
-        self.W2 = nn.Linear(num_hidden, num_hidden, bias=True)
-        self.W3 = nn.Linear(num_hidden, num_hidden, bias=True)
-        self.act = nn.GELU()
-        self.dense = PositionWiseFeedForward(num_hidden, num_hidden * 4)
 
 
 class DecLayer(NodeLayer):
@@ -184,10 +193,7 @@ class DecLayer(NodeLayer):
         """
         pre = pre.add_(F.linear(h_V, self.W1.weight[:, : h_V.shape[-1]], self.W1.bias).unsqueeze(2))
         hidden = self.act(self.W2(self.act(pre))).sum(2)
-        dh = F.linear(hidden, self.W3.weight, pre.shape[2] * self.W3.bias) / self.scale
-        h_V = self.norm1(h_V + self.dropout1(dh))
-        h_V = self.norm2(h_V + self.dropout2(self.dense(h_V)))
-        return mask.unsqueeze(-1) * h_V
+        return self._update_nodes(h_V, hidden, pre.shape[2], mask)
 
 
 class ContextLayer(NodeLayer):
@@ -214,7 +220,4 @@ class ContextLayer(NodeLayer):
         hidden = self.act(self.W2(self.act(pre)))
         mask = mask_attend.to(hidden.dtype)
         summed = torch.einsum("...m,...mh->...h", mask, hidden)
-        dh = (F.linear(summed, self.W3.weight) + mask.sum(-1, keepdim=True) * self.W3.bias) / self.scale
-        h_V = self.norm1(h_V + self.dropout1(dh))
-        h_V = self.norm2(h_V + self.dropout2(self.dense(h_V)))
-        return mask_V.unsqueeze(-1) * h_V
+        return self._update_nodes(h_V, summed, mask.sum(-1, keepdim=True), mask_V)
