@@ -31,19 +31,15 @@ class ContextAtoms:
     def __len__(self) -> int:
         return len(self.element)
 
-    @classmethod
-    def empty(cls) -> ContextAtoms:
-        return cls(xyz=np.zeros((0, 3), dtype=np.float32), element=np.zeros(0, dtype=np.int8))
-
 
 def context_atoms(model: Model, options: ParseOptions) -> ContextAtoms:
     """Every heavy atom of the model outside the chains' residues and water, as LigandMPNN's parser takes it:
     ligands, cofactors, metal ions and nucleic acids of every chain, from atoms with occupancy > 0 (location A
     of alternative ones). Hydrogens and atoms of unknown element are left out; so are residue names in
-    `options.ligand_exclude`, and everything with `options.ligand_context` off."""
+    `options.ligand_exclude`, and everything for ProteinMPNN models or with `options.ligand_context` off."""
     exclude = {name.upper() for name in options.ligand_exclude}
     xyz, element = [], []
-    if options.ligand_context:
+    if options.ligand_mpnn and options.ligand_context:
         for residue in model.get_residues():
             resname = residue.get_resname().strip().upper()
             if resname in WATER or resname in exclude or is_residue(residue, options):
@@ -56,6 +52,19 @@ def context_atoms(model: Model, options: ParseOptions) -> ContextAtoms:
                     element.append(number)
     return ContextAtoms(
         xyz=np.asarray(xyz, dtype=np.float32).reshape(-1, 3), element=np.asarray(element, dtype=np.int8)
+    )
+
+
+def empty_context_note(context_counts: dict[str, int], options: ParseOptions) -> str | None:
+    """For LigandMPNN models with the ligand context on: a line naming the structures (name -> number of
+    context atoms) whose context is empty; None when there are none."""
+    empty = [name for name, count in context_counts.items() if count == 0]
+    if not options.ligand_mpnn or not options.ligand_context or not empty:
+        return None
+    shown = ", ".join(empty[:3]) + (", ..." if len(empty) > 3 else "")
+    return (
+        f"{len(empty)} of {len(context_counts)} structures have no ligand context atoms ({shown}): "
+        "LigandMPNN sees their protein only"
     )
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import datasets
 import numpy as np
 
-from dpo_inv.context import ContextAtoms, context_atoms
+from dpo_inv.context import context_atoms
 from dpo_inv.progress import progress, quiet_datasets
 from dpo_inv.structure import (
     PROTEINMPNN_PARSE,
@@ -27,21 +27,6 @@ from dpo_inv.structure import (
 
 PARSE_CHUNK = 512  # structures parsed between two progress updates
 FEATURES_VERSION = "3"  # bump when the stored structure features change
-
-
-def empty_context_note(structures: datasets.Dataset, options: ParseOptions) -> str | None:
-    """For LigandMPNN models with the ligand context on: a line naming the structures without context atoms,
-    whose context is then empty; None when there are none."""
-    if not options.ligand_mpnn or not options.ligand_context:
-        return None
-    empty = [p for p, n in zip(structures["path"], structures["num_context_atoms"], strict=True) if n == 0]
-    if not empty:
-        return None
-    shown = ", ".join(Path(p).name for p in empty[:3]) + (", ..." if len(empty) > 3 else "")
-    return (
-        f"{len(empty)} of {len(structures)} structures have no ligand context atoms ({shown}): "
-        "LigandMPNN sees their protein only"
-    )
 
 
 def _featurize_structure(row: dict, options: ParseOptions) -> dict:
@@ -65,7 +50,7 @@ def _featurize_structure(row: dict, options: ParseOptions) -> dict:
         features = featurize(chains, design, row["fixed_chains"], row["path"])
     except StructureError as err:
         return {**out, **empty, "error": str(err)}
-    context = context_atoms(model, options) if options.ligand_mpnn else ContextAtoms.empty()
+    context = context_atoms(model, options)
     return {
         **out,
         "X": features.X.reshape(-1),
@@ -114,6 +99,12 @@ def _fingerprint(keys: Sequence[tuple[str, tuple[str, ...], tuple[str, ...]]], o
         stat = Path(path).stat()
         digest.update(json.dumps([path, design, fixed, stat.st_size, stat.st_mtime_ns]).encode())
     return digest.hexdigest()[:20]
+
+
+def context_counts(structures: datasets.Dataset) -> dict[str, int]:
+    """Structure file name -> number of ligand context atoms, for `context.empty_context_note`."""
+    paths, counts = structures["path"], structures["num_context_atoms"]
+    return {Path(path).name: count for path, count in zip(paths, counts, strict=True)}
 
 
 def default_cache_dir() -> Path:

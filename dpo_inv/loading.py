@@ -15,8 +15,9 @@ from torch.utils.data import DataLoader
 
 from dpo_inv.batches import REFERENCE_COLUMNS, PreferenceDataset, collate
 from dpo_inv.config import EXIT_BAD_INPUT, DPOConfig
+from dpo_inv.context import empty_context_note
 from dpo_inv.data import LABEL_FIELDS, PAIR_FIELDS, SEQUENCE_FIELDS, PairDataset, load_pairs, load_saved_pairs
-from dpo_inv.featurized import empty_context_note
+from dpo_inv.featurized import context_counts
 from dpo_inv.loss import batch_ranks, pair_logps
 from dpo_inv.model import ProteinMPNN
 from dpo_inv.progress import progress
@@ -124,7 +125,7 @@ def validate(
             errors.append(str(err))
     if errors:
         raise DataError("\n".join(errors))
-    note = empty_context_note(loaded[0].structures, options["options"])
+    note = empty_context_note(context_counts(loaded[0].structures), options["options"])
     if note:
         print(f"Note: {note}", flush=True)
     return loaded, variants

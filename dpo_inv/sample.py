@@ -26,7 +26,7 @@ from torch import Tensor
 from transformers import HfArgumentParser
 
 from dpo_inv.batches import collate, structure_inputs
-from dpo_inv.context import ContextAtoms, context_atoms
+from dpo_inv.context import context_atoms, empty_context_note
 from dpo_inv.launch import resolve_device
 from dpo_inv.layers import causal_neighbor_mask, gather_nodes, gather_sample_nodes, scatter_sample_nodes
 from dpo_inv.model import ProteinMPNN, decoding_ranks, derive_seed, sequence_log_probs
@@ -348,9 +348,8 @@ def prepare_design(
         "weight": 1.0,
         "index": 0,
     }
-    context = context_atoms(structure, options) if options.ligand_mpnn else ContextAtoms.empty()
-    if options.ligand_mpnn:
-        example |= {"context_xyz": context.xyz.reshape(-1), "context_element": context.element}
+    context = context_atoms(structure, options)
+    example |= {"context_xyz": context.xyz.reshape(-1), "context_element": context.element}
     return Design(path, structure_name(path), design, example, len(context))
 
 
@@ -413,9 +412,9 @@ def sample(config: SampleConfig) -> None:
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
         raise ValueError(f"several structures are named {', '.join(duplicates)}: their .fa files would clash")
-    empty = [d.name for d in designs if d.num_context_atoms == 0]
-    if options.ligand_mpnn and options.ligand_context and empty:
-        print(f"note: no ligand context atoms in {', '.join(empty)}: LigandMPNN sees their protein only")
+    note = empty_context_note({d.name: d.num_context_atoms for d in designs}, options)
+    if note:
+        print(f"note: {note}")
     model = load_model(config.model).to(resolve_device(config.device)).eval()
     output = Path(config.output_dir)
     output.mkdir(parents=True, exist_ok=True)

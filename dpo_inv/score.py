@@ -26,8 +26,9 @@ from torch.utils.data import DataLoader, Subset
 from transformers import HfArgumentParser
 
 from dpo_inv.batches import PreferenceDataset, collate
+from dpo_inv.context import empty_context_note
 from dpo_inv.data import PAIR_FIELDS, SEQUENCE_FIELDS, load_pairs
-from dpo_inv.featurized import empty_context_note
+from dpo_inv.featurized import context_counts
 from dpo_inv.launch import resolve_device
 from dpo_inv.loss import PairLogps, batch_ranks, pair_logps
 from dpo_inv.model import ProteinMPNN
@@ -194,7 +195,7 @@ def score(config: ScoreConfig) -> dict:
     )
     fields = PAIR_FIELDS if is_pairs else SEQUENCE_FIELDS
     data = load_pairs(config.data, config.cache_dir, fields=fields, options=options)
-    note = empty_context_note(data.structures, options)
+    note = empty_context_note(context_counts(data.structures), options)
     if note:
         print(f"note: {note}", file=sys.stderr)
     device = resolve_device(config.device)
