@@ -96,7 +96,10 @@ class NodeLayer(nn.Module):
         """New node states from ``summed``, the sum over ``count`` neighbours of the message MLP's hidden
         layer before ``W3`` (``W3`` is linear, so it is applied once, after the sum); zero where ``mask_V``
         is 0."""
-        dh = (F.linear(summed, self.W3.weight) + count * self.W3.bias) / self.scale
+        if isinstance(count, int):  # one count for all nodes: the bias goes into the linear map
+            dh = F.linear(summed, self.W3.weight, count * self.W3.bias) / self.scale
+        else:
+            dh = (F.linear(summed, self.W3.weight) + count * self.W3.bias) / self.scale
         h_V = self.norm1(h_V + self.dropout1(dh))
         h_V = self.norm2(h_V + self.dropout2(self.dense(h_V)))
         return mask_V.unsqueeze(-1) * h_V
