@@ -3,9 +3,9 @@ The exit statuses are listed by `--help`."""
 
 from __future__ import annotations
 
-from dpo_inv.config import parse_config
-from dpo_inv.stopping import run_job
-from dpo_inv.train import train
+from dpo_inv.training.config import parse_config
+from dpo_inv.training.stopping import run_job
+from dpo_inv.training.trainer import train
 
 
 def main(args: list[str] | None = None) -> None:

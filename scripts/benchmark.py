@@ -8,9 +8,9 @@
 Every `DPOConfig` field is an option too (`--config FILE.yaml`, `--mixed_precision`,
 `--precompute_ref_log_probs`, `--num_decoding_orders`, `--dataloader_num_workers`, `--torch_compile`, ...).
 Under `accelerate launch` or `torchrun` the numbers are for all processes together. The script builds what
-`dpo_inv.train` builds (the Accelerator with its autocast and compilation settings, the length-grouped
-DataLoader, AdamW) and runs the same micro-batch (`step_metrics`, backward, metrics gather, gradient clipping,
-optimizer step); it times `steps` of them after `warmup` untimed ones.
+`dpo_inv.training.trainer` builds (the Accelerator with its autocast and compilation settings, the
+length-grouped DataLoader, AdamW) and runs the same micro-batch (`step_metrics`, backward, metrics gather,
+gradient clipping, optimizer step); it times `steps` of them after `warmup` untimed ones.
 
 Data. Without `--lengths`: `train_file` (the bundled example by default) with its pairs repeated to
 `num_pairs`. With `--lengths`: for each length L, one structure of exactly L residues of real geometry, the
@@ -58,16 +58,16 @@ from torch.utils.data import DataLoader, RandomSampler, Sampler
 from torch.utils.flop_counter import FlopCounterMode
 from trl import TrlParser
 
-import dpo_inv.featurized
-from dpo_inv.batches import LengthGroupedSampler, PreferenceDataset, collate
-from dpo_inv.config import DPOConfig
-from dpo_inv.data import PairDataset, load_pairs
-from dpo_inv.loading import precompute_reference
-from dpo_inv.model import ProteinMPNN
-from dpo_inv.objective import step_metrics
-from dpo_inv.structure import AMINO_ACIDS, BACKBONE_ATOMS, parse_structure
-from dpo_inv.train import build_accelerator, load_models
-from dpo_inv.weights import model_parse_options
+import dpo_inv.data.featurized
+from dpo_inv.data.batches import LengthGroupedSampler, PreferenceDataset, collate
+from dpo_inv.data.dataset import PairDataset, load_pairs
+from dpo_inv.models.mpnn import ProteinMPNN
+from dpo_inv.models.weights import model_parse_options
+from dpo_inv.structures.parse import AMINO_ACIDS, BACKBONE_ATOMS, parse_structure
+from dpo_inv.training.config import DPOConfig
+from dpo_inv.training.loading import precompute_reference
+from dpo_inv.training.objective import step_metrics
+from dpo_inv.training.trainer import build_accelerator, load_models
 
 ROOT = Path(__file__).resolve().parents[1]
 THREE_LETTER = {letter: name for name, letter in protein_letters_3to1.items() if letter in AMINO_ACIDS}
@@ -168,7 +168,7 @@ PARSES = multiprocessing.Value("i", 0)  # structure parses, in DataLoader worker
 
 def count_encoder_passes_and_parses() -> None:
     """Wrap `ProteinMPNN.encode` and the structure cache's `read_model` with counters."""
-    encode, parse = ProteinMPNN.encode, dpo_inv.featurized.read_model
+    encode, parse = ProteinMPNN.encode, dpo_inv.data.featurized.read_model
 
     def counted_encode(self: ProteinMPNN, *args, **kwargs):
         ENCODES["policy" if self.training else "reference"] += 1
@@ -180,7 +180,7 @@ def count_encoder_passes_and_parses() -> None:
         return parse(path)
 
     ProteinMPNN.encode = counted_encode
-    dpo_inv.featurized.read_model = counted_parse
+    dpo_inv.data.featurized.read_model = counted_parse
 
 
 # ---- the device: synchronisation, memory, utilisation ---------------------------------------------------
@@ -250,12 +250,12 @@ class Utilisation(threading.Thread):
         return round(float(np.mean(self.samples)), 1) if self.samples else None
 
 
-# ---- training, as dpo_inv.train does it -------------------------------------------------------------------
+# ---- training, as dpo_inv.training.trainer does it ------------------------------------------------------
 
 
 @dataclass
 class Trainer:
-    """What `dpo_inv.train.train` builds once: accelerator, policy, frozen reference, optimizer."""
+    """What `dpo_inv.training.trainer.train` builds once: accelerator, policy, frozen reference, optimizer."""
 
     accelerator: Accelerator
     config: DPOConfig
@@ -265,7 +265,8 @@ class Trainer:
 
 
 def build(config: DPOConfig) -> tuple[Trainer, str]:
-    """The accelerator, models and optimizer, as `dpo_inv.train.train` builds them; and the set-up."""
+    """The accelerator, models and optimizer, as `dpo_inv.training.trainer.train` builds them; and the
+    set-up."""
     accelerator, setup = build_accelerator(config)
     set_seed(config.seed)
     model, reference = load_models(config, accelerator.device)
@@ -278,7 +279,8 @@ def build(config: DPOConfig) -> tuple[Trainer, str]:
 
 
 def sampler(trainer: Trainer, dataset: PreferenceDataset, batch_size: int, length_grouping: bool) -> Sampler:
-    """The sampler of `dpo_inv.train` (length-grouped global batches, seeded), or seeded random batches."""
+    """The sampler of `dpo_inv.training.trainer` (length-grouped global batches, seeded), or seeded random
+    batches."""
     global_batch, seed = batch_size * trainer.accelerator.num_processes, trainer.config.seed
     if length_grouping:
         return LengthGroupedSampler(dataset.lengths, global_batch, seed)
@@ -286,7 +288,7 @@ def sampler(trainer: Trainer, dataset: PreferenceDataset, batch_size: int, lengt
 
 
 def train_loader(trainer: Trainer, data: PairDataset, batch_size: int, length_grouping: bool) -> DataLoader:
-    """The training DataLoader of `dpo_inv.train`, prepared (sharded over the processes)."""
+    """The training DataLoader of `dpo_inv.training.trainer`, prepared (sharded over the processes)."""
     accelerator, config = trainer.accelerator, trainer.config
     dataset = PreferenceDataset(data)
     loader = DataLoader(
@@ -301,7 +303,7 @@ def train_loader(trainer: Trainer, data: PairDataset, batch_size: int, length_gr
 
 
 def micro_batch(trainer: Trainer, reference: ProteinMPNN | None, batch: dict, epoch: int) -> None:
-    """One micro-batch of the loop in `dpo_inv.train.train`."""
+    """One micro-batch of the loop in `dpo_inv.training.trainer.train`."""
     accelerator, model, optimizer = trainer.accelerator, trainer.model, trainer.optimizer
     with accelerator.accumulate(model):
         loss, per_pair = step_metrics(trainer.config, model, reference, batch, epoch, accelerator)

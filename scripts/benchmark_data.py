@@ -14,7 +14,7 @@ import time
 
 import datasets
 
-from dpo_inv.data import load_pairs
+from dpo_inv.data.dataset import load_pairs
 
 
 def main() -> None:

@@ -22,12 +22,12 @@ import datasets
 import torch
 from torch.utils.data import Subset
 
-from dpo_inv.batches import PreferenceDataset
-from dpo_inv.data import SEQUENCE_FIELDS, load_pairs
-from dpo_inv.score import ScoreConfig, score_dataset
-from dpo_inv.structure import ALPHABET
-from dpo_inv.variants import conditional_deltas
-from dpo_inv.weights import load_model
+from dpo_inv.data.batches import PreferenceDataset
+from dpo_inv.data.dataset import SEQUENCE_FIELDS, load_pairs
+from dpo_inv.models.variants import conditional_deltas
+from dpo_inv.models.weights import load_model
+from dpo_inv.structures.parse import ALPHABET
+from dpo_inv.tools.score import ScoreConfig, score_dataset
 
 STABILITY = Path(__file__).resolve().parents[2] / "shared" / "stability" / "train.jsonl"
 

@@ -1,5 +1,5 @@
 """Scored sequences from the bundled example pairs: every distinct sequence of a pairs file with the example
-oracle's score and per-residue scores (`dpo_inv.rewards`), the input of `dpo_inv.pairs`.
+oracle's score and per-residue scores (`dpo_inv.tools.rewards`), the input of `dpo_inv.pairs`.
 
     python scripts/example_scores.py data/pairs/train.jsonl --output data/scores/train.jsonl
 """
@@ -11,7 +11,7 @@ import json
 import os
 from pathlib import Path
 
-from dpo_inv.rewards import exposed_hydrophobic, residue_scores
+from dpo_inv.tools.rewards import exposed_hydrophobic, residue_scores
 
 STRUCTURE_FIELDS = ("chain_id", "design_chains", "fixed_chains")
 

@@ -1,5 +1,5 @@
 """The ligand example's pairs: sequences sampled from LigandMPNN around each structure's ligand, DNA and ions,
-scored by the example oracle (`dpo_inv.rewards`) and paired (`dpo_inv.pairs`, 40 pairs per structure
+scored by the example oracle (`dpo_inv.tools.rewards`) and paired (`dpo_inv.pairs`, 40 pairs per structure
 with scores at least 0.05 apart).
 
     python scripts/ligand_example.py --output_dir data/ligand
@@ -14,7 +14,7 @@ import tempfile
 from pathlib import Path
 
 from dpo_inv import pairs, sample
-from dpo_inv.rewards import exposed_hydrophobic
+from dpo_inv.tools.rewards import exposed_hydrophobic
 
 STRUCTURES = Path(__file__).resolve().parents[1] / "data" / "structures"
 # split -> (structure, designed chains, fixed chains)

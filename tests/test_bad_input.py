@@ -16,9 +16,9 @@ from conftest import ROOT
 from test_distributed import free_port
 from test_train import env, metrics
 
-from dpo_inv.config import EXIT_BAD_INPUT
-from dpo_inv.data import load_pairs
-from dpo_inv.records import DataError
+from dpo_inv.data.dataset import load_pairs
+from dpo_inv.data.records import DataError
+from dpo_inv.training.config import EXIT_BAD_INPUT
 
 BAD = ROOT / "tests" / "data" / "bad"
 STRUCTURES = BAD / "structures"
@@ -192,7 +192,8 @@ def test_bad_input_on_two_ranks_is_reported_once_by_rank_0(tmp_path):
     # rank 0 ends with status 2, rank 1 too unless torchrun has ended it first
     exit_codes = set(re.findall(r"exitcode\s*: (-?\d+)", output))
     assert str(EXIT_BAD_INPUT) in exit_codes and exit_codes <= {str(EXIT_BAD_INPUT), str(-signal.SIGTERM)}
-    assert 'dpo_inv/train.py", line' not in output  # torchrun prints its own traceback, the ranks none
+    # torchrun prints its own traceback, the ranks none
+    assert 'dpo_inv/training/trainer.py", line' not in output
 
 
 def test_an_eval_split_that_leaves_nothing_to_train_on_exits_2(tmp_path):

@@ -8,7 +8,7 @@ import pytest
 import yaml
 from conftest import ROOT
 
-from dpo_inv.config import DPOConfig, parse_config
+from dpo_inv.training.config import DPOConfig, parse_config
 
 
 def test_yaml_then_command_line(tmp_path):

@@ -11,12 +11,12 @@ import pytest
 import torch
 from conftest import SHARED_DATA, STRUCTURES
 
-import dpo_inv.featurized as featurized
-from dpo_inv.batches import LengthGroupedSampler, PreferenceDataset, collate
-from dpo_inv.data import load_pairs
-from dpo_inv.featurized import build_structures
-from dpo_inv.records import DataError
-from dpo_inv.structure import ALPHABET
+import dpo_inv.data.featurized as featurized
+from dpo_inv.data.batches import LengthGroupedSampler, PreferenceDataset, collate
+from dpo_inv.data.dataset import load_pairs
+from dpo_inv.data.featurized import build_structures
+from dpo_inv.data.records import DataError
+from dpo_inv.structures.parse import ALPHABET
 
 TRAIN = SHARED_DATA / "train.jsonl"
 

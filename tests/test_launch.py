@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from dpo_inv.launch import device_backend, first_slurm_host, setup_environment, threads_per_process
+from dpo_inv.training.launch import device_backend, first_slurm_host, setup_environment, threads_per_process
 
 
 @pytest.mark.parametrize(

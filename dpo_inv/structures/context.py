@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 from Bio.PDB.Model import Model
 
-from dpo_inv.structure import ParseOptions, is_residue, ligandmpnn_atom
+from dpo_inv.structures.parse import ParseOptions, is_residue, ligandmpnn_atom
 
 # Element symbols in order of atomic number (1-118).
 ELEMENTS = (  # noqa: SIM905

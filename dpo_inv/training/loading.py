@@ -13,18 +13,25 @@ from accelerate import Accelerator
 from accelerate.utils import broadcast_object_list
 from torch.utils.data import DataLoader
 
-from dpo_inv.batches import REFERENCE_COLUMNS, PreferenceDataset, collate
-from dpo_inv.config import EXIT_BAD_INPUT, DPOConfig
-from dpo_inv.context import empty_context_note
-from dpo_inv.data import LABEL_FIELDS, PAIR_FIELDS, SEQUENCE_FIELDS, PairDataset, load_pairs, load_saved_pairs
-from dpo_inv.featurized import context_counts
-from dpo_inv.loss import batch_ranks, pair_logps
-from dpo_inv.model import ProteinMPNN
-from dpo_inv.progress import progress
-from dpo_inv.records import DataError
-from dpo_inv.stopping import TrainingStopped
-from dpo_inv.variants import LabelledVariants, variant_labels
-from dpo_inv.weights import model_parse_options
+from dpo_inv.data.batches import REFERENCE_COLUMNS, PreferenceDataset, collate
+from dpo_inv.data.dataset import (
+    LABEL_FIELDS,
+    PAIR_FIELDS,
+    SEQUENCE_FIELDS,
+    PairDataset,
+    load_pairs,
+    load_saved_pairs,
+)
+from dpo_inv.data.featurized import context_counts
+from dpo_inv.data.progress import progress
+from dpo_inv.data.records import DataError
+from dpo_inv.models.mpnn import ProteinMPNN
+from dpo_inv.models.variants import LabelledVariants, variant_labels
+from dpo_inv.models.weights import model_parse_options
+from dpo_inv.structures.context import empty_context_note
+from dpo_inv.training.config import EXIT_BAD_INPUT, DPOConfig
+from dpo_inv.training.loss import batch_ranks, pair_logps
+from dpo_inv.training.stopping import TrainingStopped
 
 
 @dataclass(frozen=True)

@@ -14,9 +14,9 @@ from pathlib import Path
 import datasets
 import numpy as np
 
-from dpo_inv.context import context_atoms
-from dpo_inv.progress import progress, quiet_datasets
-from dpo_inv.structure import (
+from dpo_inv.data.progress import progress, quiet_datasets
+from dpo_inv.structures.context import context_atoms
+from dpo_inv.structures.parse import (
     PROTEINMPNN_PARSE,
     ParseOptions,
     StructureError,

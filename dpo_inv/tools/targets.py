@@ -12,10 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from dpo_inv.data import structure_key
-from dpo_inv.records import DataError, load_records, raise_bad_records
-from dpo_inv.sample import Design, parse_fixed_positions, prepare_design
-from dpo_inv.structure import PROTEINMPNN_PARSE, ParseOptions, StructureError
+from dpo_inv.data.dataset import structure_key
+from dpo_inv.data.records import DataError, load_records, raise_bad_records
+from dpo_inv.structures.parse import PROTEINMPNN_PARSE, ParseOptions, StructureError
+from dpo_inv.tools.sample import Design, parse_fixed_positions, prepare_design
 
 
 @dataclass(frozen=True)

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from dpo_inv.batches import structure_inputs
-from dpo_inv.model import sequence_log_probs
+from dpo_inv.data.batches import structure_inputs
+from dpo_inv.models.mpnn import sequence_log_probs
 
 UNPAIRED_LOSS_TYPES = ("kto", "apo_zero_unpaired")
 # per-sequence metric columns; `summarize` turns their sums into TRL's KTO metrics

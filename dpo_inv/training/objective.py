@@ -6,10 +6,10 @@ from __future__ import annotations
 import torch
 from accelerate import Accelerator
 
-from dpo_inv import kto
-from dpo_inv.config import DPOConfig
-from dpo_inv.loss import METRICS, PairLogps, ResidueScores, batch_ranks, pair_logps, preference_loss
-from dpo_inv.model import ProteinMPNN
+from dpo_inv.models.mpnn import ProteinMPNN
+from dpo_inv.training import kto
+from dpo_inv.training.config import DPOConfig
+from dpo_inv.training.loss import METRICS, PairLogps, ResidueScores, batch_ranks, pair_logps, preference_loss
 
 
 def metric_columns(config: DPOConfig) -> tuple[str, ...]:

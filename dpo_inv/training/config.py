@@ -9,9 +9,9 @@ from typing import Any, Literal
 from accelerate.utils import LoggerType
 from trl import TrlParser
 
-from dpo_inv import kto
-from dpo_inv.loss import LOSS_TYPES, METRICS
-from dpo_inv.weights import LIGAND_CONTEXT_HELP, LIGAND_EXCLUDE_HELP
+from dpo_inv.models.weights import LIGAND_CONTEXT_HELP, LIGAND_EXCLUDE_HELP
+from dpo_inv.training import kto
+from dpo_inv.training.loss import LOSS_TYPES, METRICS
 
 TRACKER_PACKAGES = {  # the package each Accelerate tracker needs
     "tensorboard": "tensorboard", "wandb": "wandb", "comet_ml": "comet-ml", "mlflow": "mlflow", "aim": "aim",

@@ -14,11 +14,11 @@ from typing import Any
 import datasets
 import numpy as np
 
-from dpo_inv.featurized import FEATURES_VERSION, build_structures, save_atomically
-from dpo_inv.membrane import membrane_labels
-from dpo_inv.progress import quiet_datasets
-from dpo_inv.records import BadRecord, as_list, load_records, raise_bad_records
-from dpo_inv.structure import ALPHABET, PROTEINMPNN_PARSE, ParseOptions, tokenize
+from dpo_inv.data.featurized import FEATURES_VERSION, build_structures, save_atomically
+from dpo_inv.data.progress import quiet_datasets
+from dpo_inv.data.records import BadRecord, as_list, load_records, raise_bad_records
+from dpo_inv.structures.membrane import membrane_labels
+from dpo_inv.structures.parse import ALPHABET, PROTEINMPNN_PARSE, ParseOptions, tokenize
 
 ALIASES = {"structure": "pdb_file", "chosen": "preferred_seq", "rejected": "unpreferred_seq"}
 

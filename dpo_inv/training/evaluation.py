@@ -10,15 +10,15 @@ import torch
 from accelerate import Accelerator
 from torch.utils.data import DataLoader
 
-from dpo_inv.batches import PreferenceDataset, collate
-from dpo_inv.checkpoints import TrainerState
-from dpo_inv.config import DPOConfig
-from dpo_inv.data import PairDataset
-from dpo_inv.loss import example_seeds
-from dpo_inv.model import ProteinMPNN
-from dpo_inv.objective import metric_columns, step_metrics, summarize
-from dpo_inv.sample import sample_sequences
-from dpo_inv.variants import LabelledVariants, evaluate_variants
+from dpo_inv.data.batches import PreferenceDataset, collate
+from dpo_inv.data.dataset import PairDataset
+from dpo_inv.models.mpnn import ProteinMPNN
+from dpo_inv.models.sampling import sample_sequences
+from dpo_inv.models.variants import LabelledVariants, evaluate_variants
+from dpo_inv.training.checkpoints import TrainerState
+from dpo_inv.training.config import DPOConfig
+from dpo_inv.training.loss import example_seeds
+from dpo_inv.training.objective import metric_columns, step_metrics, summarize
 
 
 @torch.no_grad()

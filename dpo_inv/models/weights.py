@@ -12,9 +12,9 @@ from typing import Any
 
 import torch
 
-from dpo_inv.features import MembraneFeatures
-from dpo_inv.model import ProteinMPNN, ProteinMPNNConfig
-from dpo_inv.structure import PROTEINMPNN_PARSE, ParseOptions
+from dpo_inv.models.features import MembraneFeatures
+from dpo_inv.models.mpnn import ProteinMPNN, ProteinMPNNConfig
+from dpo_inv.structures.parse import PROTEINMPNN_PARSE, ParseOptions
 
 # family -> (package, folder inside it, file name prefix) of its official checkpoints
 _PACKAGED = {

@@ -23,10 +23,10 @@ import torch
 from accelerate import Accelerator
 from accelerate.utils import gather_object
 
-from dpo_inv.batches import PreferenceDataset, collate, structure_inputs
-from dpo_inv.data import PairDataset
-from dpo_inv.model import ProteinMPNN, decoding_ranks, derive_seed
-from dpo_inv.records import MAX_REPORTED_ERRORS, DataError, load_records
+from dpo_inv.data.batches import PreferenceDataset, collate, structure_inputs
+from dpo_inv.data.dataset import PairDataset
+from dpo_inv.data.records import MAX_REPORTED_ERRORS, DataError, load_records
+from dpo_inv.models.mpnn import ProteinMPNN, decoding_ranks, derive_seed
 
 ORDERS_PER_PASS = 64  # decoding orders (substituted positions x orders) per decoder batch
 

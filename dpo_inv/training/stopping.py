@@ -15,8 +15,8 @@ from types import FrameType
 import torch
 from accelerate import Accelerator
 
-from dpo_inv.config import EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_NONFINITE
-from dpo_inv.records import DataError
+from dpo_inv.data.records import DataError
+from dpo_inv.training.config import EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_NONFINITE
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)  # what PBS and SLURM send before the walltime
 

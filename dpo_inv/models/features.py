@@ -10,8 +10,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from dpo_inv.context import periodic_group_and_period
-from dpo_inv.layers import gather_neighbors, gather_nodes
+from dpo_inv.models.layers import gather_neighbors, gather_nodes
+from dpo_inv.structures.context import periodic_group_and_period
 
 _NUM_RBF = 16
 _NUM_POSITIONAL = 16

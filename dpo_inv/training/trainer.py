@@ -22,18 +22,18 @@ from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 from transformers import get_scheduler
 
-from dpo_inv.batches import LengthGroupedSampler, PreferenceDataset, collate
-from dpo_inv.checkpoints import TrainerState, find_checkpoint, save_checkpoint, save_model
-from dpo_inv.config import DPOConfig
-from dpo_inv.evaluation import describe, eval_structures, improved, run_evaluation
-from dpo_inv.launch import device_backend, setup_environment, threads_per_process
-from dpo_inv.loading import RunData, load_data, precompute_reference
-from dpo_inv.model import ProteinMPNN
-from dpo_inv.objective import metric_columns, step_metrics, summarize
-from dpo_inv.plot import plot
-from dpo_inv.progress import progress
-from dpo_inv.stopping import StopSignals, TrainingStopped, diverged, interrupted
-from dpo_inv.weights import load_model
+from dpo_inv.data.batches import LengthGroupedSampler, PreferenceDataset, collate
+from dpo_inv.data.progress import progress
+from dpo_inv.models.mpnn import ProteinMPNN
+from dpo_inv.models.weights import load_model
+from dpo_inv.training.checkpoints import TrainerState, find_checkpoint, save_checkpoint, save_model
+from dpo_inv.training.config import DPOConfig
+from dpo_inv.training.evaluation import describe, eval_structures, improved, run_evaluation
+from dpo_inv.training.launch import device_backend, setup_environment, threads_per_process
+from dpo_inv.training.loading import RunData, load_data, precompute_reference
+from dpo_inv.training.objective import metric_columns, step_metrics, summarize
+from dpo_inv.training.plot import plot
+from dpo_inv.training.stopping import StopSignals, TrainingStopped, diverged, interrupted
 
 
 def build_accelerator(config: DPOConfig, **options: Any) -> tuple[Accelerator, str]:

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from dpo_inv.batches import structure_inputs
-from dpo_inv.model import decoding_ranks, derive_seed
+from dpo_inv.data.batches import structure_inputs
+from dpo_inv.models.mpnn import decoding_ranks, derive_seed
 
 LOSS_TYPES = ("sigmoid", "ipo", "hinge", "robust", "residpo", "sft")
 METRICS = ("loss", "rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins",

@@ -2,7 +2,7 @@
 
 It labelled the bundled example pairs, and is a reward in the form `dpo_inv.rounds` calls:
 
-    reward: dpo_inv.rewards:exposed_hydrophobic
+    reward: dpo_inv.tools.rewards:exposed_hydrophobic
 
 A residue is exposed when fewer than `BURIED_NEIGHBOURS` other CA atoms of the designed chains lie within
 `NEIGHBOUR_RADIUS` Å of its CA (fixed chains are not counted). The score of a sequence is minus the fraction
@@ -16,7 +16,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from dpo_inv.structure import ParseOptions, featurize, parse_structure
+from dpo_inv.structures.parse import ParseOptions, featurize, parse_structure
 
 HYDROPHOBIC = frozenset("AVILMFWYC")
 NEIGHBOUR_RADIUS = 10.0

@@ -18,8 +18,15 @@ from torch import Tensor, nn
 from transformers import PretrainedConfig, PreTrainedModel
 from transformers.utils import logging as transformers_logging
 
-from dpo_inv.features import CAProteinFeatures, LigandFeatures, MembraneFeatures, ProteinFeatures
-from dpo_inv.layers import ContextLayer, DecLayer, EncLayer, Encoding, causal_neighbor_mask, gather_neighbors
+from dpo_inv.models.features import CAProteinFeatures, LigandFeatures, MembraneFeatures, ProteinFeatures
+from dpo_inv.models.layers import (
+    ContextLayer,
+    DecLayer,
+    EncLayer,
+    Encoding,
+    causal_neighbor_mask,
+    gather_neighbors,
+)
 
 OFFICIAL_CHECKPOINT_NAME = "proteinmpnn.pt"
 # one small file per model: no "Loading weights" or "Writing model shards" bars

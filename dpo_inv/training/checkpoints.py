@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 from accelerate import Accelerator
 
-from dpo_inv.config import DPOConfig
+from dpo_inv.training.config import DPOConfig
 
 STATE_FILE = "trainer_state.json"
 CHECKPOINT_NAME = re.compile(r"step-(\d+)")

@@ -1,0 +1,317 @@
+"""Designing sequences for backbone structures: the options, inputs and outputs of `dpo_inv.sample`."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from dpo_inv.data.batches import collate
+from dpo_inv.data.progress import progress
+from dpo_inv.models.mpnn import ProteinMPNN, derive_seed
+from dpo_inv.models.sampling import allowed_tokens, sample_sequences
+from dpo_inv.models.weights import LIGAND_CONTEXT_HELP, LIGAND_EXCLUDE_HELP, load_model, model_parse_options
+from dpo_inv.structures.context import context_atoms, empty_context_note
+from dpo_inv.structures.parse import (
+    ALPHABET,
+    AMINO_ACIDS,
+    PROTEINMPNN_PARSE,
+    Chain,
+    ParseOptions,
+    StructureError,
+    featurize,
+    protein_chains,
+    read_model,
+)
+from dpo_inv.training.launch import resolve_device
+
+STRUCTURE_SUFFIXES = (".gz", ".pdb", ".ent", ".cif", ".mmcif")
+RESIDUE = r"-?\d+[A-Z]?"
+RESIDUE_RANGE = re.compile(rf"^({RESIDUE})(?:-({RESIDUE}))?$")
+
+
+@dataclass
+class SampleConfig:
+    """Options of `python -m dpo_inv.sample`."""
+
+    output_dir: str = field(metadata={"help": "Where <structure name>.fa and samples.jsonl are written."})
+    model: str = field(
+        default="vanilla/v_48_020",
+        metadata={
+            "help": "Official name (vanilla/v_48_020, ligand/v_32_010_25, ...), official .pt file or saved "
+            "directory. A LigandMPNN model designs around the structure's ligands, metals and nucleic acids."
+        },
+    )
+    structure: str | None = field(
+        default=None, metadata={"help": "PDB or mmCIF file to design, optionally gzipped."}
+    )
+    structure_list: str | None = field(
+        default=None,
+        metadata={"help": "Text file with one structure path per line (relative to the file's folder)."},
+    )
+    design_chains: list[str] = field(
+        default_factory=list, metadata={"help": "Chains to design; default: every chain not fixed."}
+    )
+    fixed_chains: list[str] = field(
+        default_factory=list, metadata={"help": "Chains the model sees with their native sequence."}
+    )
+    fixed_positions: list[str] = field(
+        default_factory=list,
+        metadata={
+            "help": "Designed-chain residues that keep their native amino acid, by author number: "
+            '"A:1-10,15 B:3,52A" (ranges inclusive, in file order).'
+        },
+    )
+    num_samples: int = field(default=8, metadata={"help": "Sequences per structure."})
+    temperature: float = field(default=0.1, metadata={"help": "Sampling temperature; 0 = greedy (argmax)."})
+    omit_aas: str = field(default="", metadata={"help": "Amino acids never sampled, e.g. CM (X never is)."})
+    bias_aas: str = field(
+        default="", metadata={"help": 'Added to the logits per amino acid, e.g. "W:-1,K:0.5".'}
+    )
+    batch_size: int = field(default=8, metadata={"help": "Samples decoded together."})
+    seed: int = field(
+        default=0,
+        metadata={"help": "Seed of the decoding orders and draws; batch k uses one from (seed, k)."},
+    )
+    device: str | None = field(default=None, metadata={"help": "cpu, cuda, ...; default: cuda if available."})
+    ligand_context: bool = field(default=True, metadata={"help": LIGAND_CONTEXT_HELP})
+    ligand_exclude: list[str] = field(default_factory=list, metadata={"help": LIGAND_EXCLUDE_HELP})
+
+    def __post_init__(self) -> None:
+        if self.structure is None and self.structure_list is None:
+            raise ValueError("give --structure or --structure_list")
+        for name in ("num_samples", "batch_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"--{name} must be >= 1, got {getattr(self, name)}")
+        if self.temperature < 0:
+            raise ValueError(f"--temperature must be >= 0, got {self.temperature}")
+        if self.seed < 0:
+            raise ValueError(f"--seed must be >= 0, got {self.seed}")
+
+
+def parse_bias(spec: str) -> Tensor:
+    """``"W:-1,K:0.5"`` -> a bias ``[21]`` on the logits."""
+    bias = torch.zeros(len(ALPHABET))
+    for item in filter(None, (s.strip() for s in spec.split(","))):
+        letter, _, value = item.partition(":")
+        letter = letter.strip().upper()
+        try:
+            number = float(value)
+        except ValueError:
+            number = float("nan")
+        if letter not in AMINO_ACIDS or not np.isfinite(number):
+            raise ValueError(f"--bias_aas: {item!r} is not AMINO_ACID:NUMBER such as W:-1")
+        bias[ALPHABET.index(letter)] = number
+    return bias
+
+
+def parse_fixed_positions(specs: Sequence[str]) -> dict[str, list[tuple[str, str]]]:
+    """``["A:1-10,15 B:3"]`` -> ``{"A": [("1", "10"), ("15", "15")], "B": [("3", "3")]}``."""
+    fixed: dict[str, list[tuple[str, str]]] = {}
+    for token in " ".join(specs).split():
+        chain_id, _, residues = token.partition(":")
+        if not chain_id or not residues:
+            raise ValueError(f"--fixed_positions: {token!r} is not CHAIN:RESIDUES such as A:1-10,15")
+        for item in residues.split(","):
+            match = RESIDUE_RANGE.match(item.upper())
+            if match is None:
+                raise ValueError(
+                    f"--fixed_positions: {item!r} (chain {chain_id}) is not a residue number or range "
+                    "such as 15, 52A or 1-10"
+                )
+            fixed.setdefault(chain_id, []).append((match[1], match[2] or match[1]))
+    return fixed
+
+
+def fixed_indices(chain: Chain, ranges: list[tuple[str, str]], path: Path) -> list[int]:
+    """Indices into ``chain`` of the residues from ``start`` to ``end`` (file order) of each range."""
+    index = {number: i for i, number in enumerate(chain.numbers)}
+    indices: list[int] = []
+    for start, end in ranges:
+        for number in (start, end):
+            if number not in index:
+                raise StructureError(
+                    f"{path}: --fixed_positions: chain {chain.chain_id} has no residue {number} "
+                    f"(residues {chain.numbers[0]}..{chain.numbers[-1]})"
+                )
+        if index[end] < index[start]:
+            raise StructureError(
+                f"{path}: --fixed_positions: range {start}-{end} of chain {chain.chain_id} runs backwards"
+            )
+        indices.extend(range(index[start], index[end] + 1))
+    return indices
+
+
+def read_structure_list(path: Path) -> list[Path]:
+    """Structure paths listed one per line (blank lines and # comments skipped); all must exist."""
+    if not path.is_file():
+        raise ValueError(f"{path}: structure list not found")
+    structures = []
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        entry = line.strip()
+        if not entry or entry.startswith("#"):
+            continue
+        structure = Path(entry) if Path(entry).is_absolute() else path.parent / entry
+        if not structure.is_file():
+            raise ValueError(f"{path}:{number}: structure file not found: {structure}")
+        structures.append(structure)
+    if not structures:
+        raise ValueError(f"{path}: no structure paths")
+    return structures
+
+
+def structure_name(path: Path) -> str:
+    """File name without structure suffixes: ``1eteA.pdb.gz`` -> ``1eteA``."""
+    name = path.name
+    while Path(name).suffix.lower() in STRUCTURE_SUFFIXES:
+        name = Path(name).stem
+    return name
+
+
+@dataclass(frozen=True)
+class Design:
+    """One structure to design: its designed chains and its ``collate`` example (designed chains first)."""
+
+    path: Path
+    name: str
+    design_chains: list[str]
+    example: dict[str, Any]
+    num_context_atoms: int = 0
+
+
+def prepare_design(
+    path: Path,
+    design_chains: Sequence[str],
+    fixed_chains: Sequence[str],
+    fixed_positions: dict[str, list[tuple[str, str]]],
+    options: ParseOptions = PROTEINMPNN_PARSE,
+) -> Design:
+    """Parse and featurize ``path`` as ``options`` say; without ``design_chains``, every chain not fixed is
+    designed."""
+    structure = read_model(path)
+    chains = protein_chains(structure, path, options)
+    design = list(design_chains) or [c for c in chains if c not in fixed_chains]
+    features = featurize(chains, design, list(fixed_chains), path)
+    num_designed = int(features.design_mask.sum())
+    mutable = np.ones(num_designed, dtype=np.float32)
+    starts = np.cumsum([0] + [len(chains[c].sequence) for c in design])
+    for chain_id, ranges in fixed_positions.items():
+        if chain_id not in chains:
+            raise StructureError(
+                f"{path}: --fixed_positions: chain {chain_id!r} not found "
+                f"(chains present: {', '.join(chains)})"
+            )
+        if chain_id not in design:
+            raise StructureError(
+                f"{path}: --fixed_positions: chain {chain_id!r} is not designed "
+                f"(designed: {', '.join(design)})"
+            )
+        start = starts[design.index(chain_id)]
+        mutable[[start + i for i in fixed_indices(chains[chain_id], ranges, path)]] = 0
+    if not (mutable * features.mask[:num_designed]).any():
+        raise StructureError(f"{path}: --fixed_positions fixes every observed residue of chains {design}")
+    native = features.native
+    example = {
+        "X": features.X,
+        "mask": features.mask,
+        "residue_idx": features.residue_idx,
+        "chain_encoding": features.chain_encoding,
+        "native": native,
+        "mutable": mutable,
+        "chosen": native[:num_designed],
+        "rejected": native[:num_designed],
+        "weight": 1.0,
+        "index": 0,
+    }
+    context = context_atoms(structure, options)
+    example |= {"context_xyz": context.xyz.reshape(-1), "context_element": context.element}
+    return Design(path, structure_name(path), design, example, len(context))
+
+
+def sample_structure(
+    model: ProteinMPNN, design: Design, config: SampleConfig, bias: Tensor
+) -> list[dict[str, Any]]:
+    """Records of ``config.num_samples`` samples of one structure, in batches of ``config.batch_size``."""
+    batch = collate([design.example])
+    designed = (batch["decode_mask"] * batch["mask"])[0].bool()
+    native = batch["native"][0]
+    num_designed = len(design.example["chosen"])
+    records = []
+    for k, start in enumerate(range(0, config.num_samples, config.batch_size)):
+        n = min(config.batch_size, config.num_samples - start)
+        samples = sample_sequences(
+            model, batch, n, config.temperature, [derive_seed(config.seed, k)], config.omit_aas, bias
+        )
+        pairs = zip(samples.tokens[0].cpu(), samples.log_probs[0].cpu(), strict=True)
+        for i, (tokens, log_probs) in enumerate(pairs):
+            records.append(
+                {
+                    "structure": str(design.path),
+                    "design_chains": design.design_chains,
+                    "fixed_chains": list(config.fixed_chains),
+                    "sample": start + i + 1,
+                    "temperature": config.temperature,
+                    "seed": config.seed,
+                    "sequence": "".join(ALPHABET[t] for t in tokens[:num_designed]),
+                    "log_likelihood": float(log_probs[designed].mean()),
+                    "recovery": float((tokens == native)[designed].float().mean()),
+                }
+            )
+    return records
+
+
+def write_fasta(handle: TextIO, name: str, records: list[dict[str, Any]]) -> None:
+    """One FASTA record per sample: the designed chains' sequence under a header of its fields."""
+    for r in records:
+        handle.write(
+            f">{name}|chains={','.join(r['design_chains'])}|sample={r['sample']}|T={r['temperature']:g}"
+            f"|seed={r['seed']}|log_likelihood={r['log_likelihood']:.3f}|recovery={r['recovery']:.3f}\n"
+            f"{r['sequence']}\n"
+        )
+
+
+def sample(config: SampleConfig) -> None:
+    """Design every structure of ``config``; write the FASTA files and ``samples.jsonl``.
+
+    Every input is checked before the model is loaded, so a bad one stops the run before any sampling.
+    """
+    paths = [Path(config.structure)] if config.structure else []
+    if config.structure_list:
+        paths += read_structure_list(Path(config.structure_list))
+    fixed = parse_fixed_positions(config.fixed_positions)
+    bias = parse_bias(config.bias_aas)
+    allowed_tokens(config.omit_aas)
+    options = model_parse_options(config.model, None, config.ligand_context, config.ligand_exclude)
+    designs = [prepare_design(p, config.design_chains, config.fixed_chains, fixed, options) for p in paths]
+    names = [d.name for d in designs]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise ValueError(f"several structures are named {', '.join(duplicates)}: their .fa files would clash")
+    note = empty_context_note({d.name: d.num_context_atoms for d in designs}, options)
+    if note:
+        print(f"note: {note}")
+    model = load_model(config.model).to(resolve_device(config.device)).eval()
+    output = Path(config.output_dir)
+    output.mkdir(parents=True, exist_ok=True)
+    with (
+        open(output / "samples.jsonl", "w", encoding="utf-8") as jsonl,
+        progress(designs, desc="Sampling", unit="structure", disable=len(designs) < 2) as bar,
+    ):
+        for design in bar:
+            records = sample_structure(model, design, config, bias)
+            fasta = output / f"{design.name}.fa"
+            with open(fasta, "w", encoding="utf-8") as handle:
+                write_fasta(handle, design.name, records)
+            jsonl.writelines(json.dumps(r) + "\n" for r in records)
+            bar.write(
+                f"{design.name}: {len(records)} samples of chains {','.join(design.design_chains)}, "
+                f"mean log-likelihood {np.mean([r['log_likelihood'] for r in records]):.3f}, "
+                f"mean recovery {np.mean([r['recovery'] for r in records]):.3f} -> {fasta}"
+            )

@@ -1,0 +1,197 @@
+"""Scoring preference pairs and sequences under a model: what `python -m dpo_inv.score` computes."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Subset
+
+from dpo_inv.data.batches import PreferenceDataset, collate
+from dpo_inv.data.dataset import PAIR_FIELDS, SEQUENCE_FIELDS, load_pairs
+from dpo_inv.data.featurized import context_counts
+from dpo_inv.data.records import load_records, write_jsonl
+from dpo_inv.models.mpnn import ProteinMPNN
+from dpo_inv.models.variants import (
+    conditional_deltas,
+    mean_and_median,
+    round_metric,
+    spearman,
+    spearman_by_structure,
+)
+from dpo_inv.models.weights import LIGAND_CONTEXT_HELP, LIGAND_EXCLUDE_HELP, load_model, model_parse_options
+from dpo_inv.structures.context import empty_context_note
+from dpo_inv.training.launch import resolve_device
+from dpo_inv.training.loss import PairLogps, batch_ranks, pair_logps
+
+
+@dataclass
+class ScoreConfig:
+    data: str = field(
+        metadata={"help": "Preference pairs, or sequences (sequence, optional label, wildtype_seq)."}
+    )
+    output: str = field(metadata={"help": "Output JSONL: the input records with scores added."})
+    model: str = field(
+        default="vanilla/v_48_020", metadata={"help": "Model name, .pt file or saved directory."}
+    )
+    reference: str | None = field(
+        default=None, metadata={"help": "Reference model: adds rewards (log p - log p_ref)."}
+    )
+    decoding_order: Literal["random", "left_to_right"] = field(
+        default="random",
+        metadata={
+            "help": "random (seeded per record, as the trainer) or left_to_right; with conditional variant "
+            "scoring, the order of the residues other than the substituted one."
+        },
+    )
+    variant_scoring: Literal["conditional", "full"] = field(
+        default="conditional",
+        metadata={
+            "help": "Sequences with a wildtype_seq: conditional (each substituted position decoded last, "
+            "given every other residue; one encoder pass per structure; delta_logp only) or full "
+            "(log p of the whole variant minus that of the wild type, under the same decoding order)."
+        },
+    )
+    per_structure_output: str | None = field(
+        default=None,
+        metadata={"help": "JSONL: one line per structure with its number of labelled records and Spearman."},
+    )
+    num_orders: int = field(default=1, metadata={"help": "Decoding orders per record; log p is averaged."})
+    seed: int = field(
+        default=42, metadata={"help": "Seed of the random decoding orders (the trainer's seed)."}
+    )
+    batch_size: int = field(default=16, metadata={"help": "Records per batch."})
+    device: str | None = field(
+        default=None, metadata={"help": "cpu, cuda, xpu, ...; default: the best available."}
+    )
+    cache_dir: str | None = field(default=None, metadata={"help": "Cache for parsed structures."})
+    ligand_context: bool = field(default=True, metadata={"help": LIGAND_CONTEXT_HELP})
+    ligand_exclude: list[str] = field(default_factory=list, metadata={"help": LIGAND_EXCLUDE_HELP})
+
+
+@torch.no_grad()
+def score_dataset(
+    models: list[ProteinMPNN], dataset: PreferenceDataset, config: ScoreConfig, device: torch.device
+) -> list[PairLogps]:
+    """Summed log p of both sequences of every record under each model, with the same decoding orders."""
+    loader = DataLoader(dataset, batch_size=config.batch_size, collate_fn=collate)
+    results = [[] for _ in models]
+    for batch in loader:
+        batch = {k: v.to(device) for k, v in batch.items()}
+        ranks = batch_ranks(batch, config.seed, config.num_orders, config.decoding_order)
+        for model, result in zip(models, results, strict=True):
+            result.append(pair_logps(model, batch, ranks))
+    return [
+        PairLogps(
+            *(
+                torch.cat([getattr(r, name) for r in result]).cpu()
+                for name in ("chosen", "rejected", "num_positions")
+            )
+        )
+        for result in results
+    ]
+
+
+def score_pairs(rows: list[dict], policy: PairLogps, reference: PairLogps | None) -> dict:
+    """Add log p (and rewards) to each pair; accuracy and mean margin."""
+    for i, row in enumerate(rows):
+        row.update(preferred_logp=float(policy.chosen[i]), unpreferred_logp=float(policy.rejected[i]))
+    margin = policy.chosen - policy.rejected
+    if reference is not None:
+        chosen_reward = policy.chosen - reference.chosen
+        rejected_reward = policy.rejected - reference.rejected
+        for i, row in enumerate(rows):
+            row.update(preferred_reward=float(chosen_reward[i]), unpreferred_reward=float(rejected_reward[i]))
+        margin = chosen_reward - rejected_reward
+    return {
+        "accuracy": round_metric((margin > 0).float().mean()),
+        "mean_margin": round_metric(margin.mean()),
+        "accuracy_by": "reward" if reference is not None else "logp",
+    }
+
+
+def score_sequences(
+    rows: list[dict],
+    model: ProteinMPNN,
+    dataset: PreferenceDataset,
+    config: ScoreConfig,
+    device: torch.device,
+) -> dict:
+    """Add `delta_logp` (records with a wild type) or `logp` and `logp_per_residue` to each record;
+    Spearman's correlation with `label`, pooled and per structure."""
+    conditional = config.variant_scoring == "conditional"
+    variants = [i for i, row in enumerate(rows) if row.get("wildtype_seq")]
+    full = [i for i in range(len(rows)) if not (conditional and rows[i].get("wildtype_seq"))]
+    if full:
+        (logps,) = score_dataset([model], Subset(dataset, full), config, device)
+        for j, i in enumerate(full):
+            rows[i].update(
+                logp=float(logps.chosen[j]), logp_per_residue=float(logps.chosen[j] / logps.num_positions[j])
+            )
+            if rows[i].get("wildtype_seq"):
+                rows[i]["delta_logp"] = float(logps.chosen[j] - logps.rejected[j])
+    if conditional and variants:
+        deltas = conditional_deltas(
+            model, dataset, device, config.decoding_order, config.seed, config.num_orders, variants
+        )
+        for i in variants:
+            rows[i]["delta_logp"] = deltas[i]
+    summary: dict = {"variant_scoring": config.variant_scoring if variants else None}
+    key = "delta_logp" if variants else "logp"
+    labelled = [i for i, row in enumerate(rows) if row.get("label") is not None and key in row]
+    if len(labelled) < 2:
+        return summary
+    values = np.array([rows[i][key] for i in labelled], dtype=np.float64)
+    labels = np.array([rows[i]["label"] for i in labelled], dtype=np.float64)
+    structure_ids = np.asarray(dataset.pairs["structure_id"])[labelled]
+    table = spearman_by_structure(values, labels, structure_ids)
+    mean, median = mean_and_median(table)
+    for entry in table:
+        structure = dataset.structures[entry.pop("structure_id")]
+        entry.update(
+            pdb_file=structure["path"],
+            chains=list(structure["design_chains"]),
+            spearman=round_metric(entry["spearman"]),
+        )
+    summary.update(
+        spearman_of=key,
+        labelled=len(labelled),
+        spearman=round_metric(spearman(values, labels)),
+        structures=len(table),
+        spearman_per_structure_mean=round_metric(mean),
+        spearman_per_structure_median=round_metric(median),
+    )
+    if config.per_structure_output:
+        write_jsonl(config.per_structure_output, table)
+    return summary
+
+
+def score(config: ScoreConfig) -> dict:
+    """Score every record of `config.data`, write `config.output`, return the summary."""
+    rows = [record.data or {} for record in load_records(config.data)]
+    columns = {name for row in rows for name in row}
+    is_pairs = not ("sequence" in columns and "preferred_seq" not in columns)
+    options = model_parse_options(
+        config.model, config.reference, config.ligand_context, config.ligand_exclude
+    )
+    fields = PAIR_FIELDS if is_pairs else SEQUENCE_FIELDS
+    data = load_pairs(config.data, config.cache_dir, fields=fields, options=options)
+    note = empty_context_note(context_counts(data.structures), options)
+    if note:
+        print(f"note: {note}", file=sys.stderr)
+    device = resolve_device(config.device)
+    summary: dict = {"count": len(rows), "model": config.model, "reference": config.reference}
+    dataset = PreferenceDataset(data)
+    if is_pairs:
+        names = [config.model] + ([config.reference] if config.reference else [])
+        models = [load_model(name).to(device).eval() for name in names]
+        policy, *reference = score_dataset(models, dataset, config, device)
+        summary.update(score_pairs(rows, policy, reference[0] if reference else None))
+    else:
+        model = load_model(config.model).to(device).eval()
+        summary.update(score_sequences(rows, model, dataset, config, device))
+    write_jsonl(config.output, rows)
+    return summary

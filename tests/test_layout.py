@@ -1,0 +1,70 @@
+"""The package's layers: each subpackage imports only from itself and the subpackages before it; the
+command modules at the top of dpo_inv may import anything, and no subpackage imports them."""
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "dpo_inv"
+ORDER = ("structures", "data", "models", "training", "tools")  # bottom layer first
+TOP = len(ORDER)  # the command modules: dpo_inv/run.py, score.py, ...
+
+
+def layer(module: str) -> int:
+    """Layer of a module below dpo_inv: the index of its subpackage, TOP for the command modules."""
+    first = module.split(".")[1] if "." in module else ""
+    return ORDER.index(first) if first in ORDER else TOP
+
+
+def imported(path: Path, source: str) -> list[str]:
+    """Every dpo_inv module or package that ``source`` (the text of ``path``) imports, at any depth."""
+    package = path.relative_to(PACKAGE.parent).with_suffix("").parts[:-1]
+    names = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            names += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = ".".join(package[: len(package) - node.level + 1] if node.level else ())
+            module = ".".join(filter(None, (base, node.module)))
+            names += [module] if module != "dpo_inv" else [f"dpo_inv.{a.name}" for a in node.names]
+    return [name for name in names if name == "dpo_inv" or name.startswith("dpo_inv.")]
+
+
+def upward_imports(path: Path, source: str) -> list[str]:
+    """Imports of the module at ``path`` that break the layering, one line each."""
+    own = layer(".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts))
+    if own == TOP:
+        return []
+    where = path.relative_to(PACKAGE.parent)
+    return [
+        f"{where} ({ORDER[own]}) imports {name} ({ORDER[layer(name)] if layer(name) < TOP else 'a command'})"
+        for name in imported(path, source)
+        if layer(name) > own
+    ]
+
+
+def test_subpackages_are_the_layers():
+    found = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_file()}
+    assert found == set(ORDER)
+
+
+def test_no_module_imports_from_a_later_layer_or_a_command():
+    paths = sorted(PACKAGE.rglob("*.py"))
+    assert len(paths) > 30
+    problems = [line for path in paths for line in upward_imports(path, path.read_text())]
+    assert problems == []
+
+
+def test_the_check_sees_an_upward_import():
+    dataset = PACKAGE / "data" / "dataset.py"
+    assert upward_imports(dataset, "from dpo_inv.models.mpnn import ProteinMPNN\n")
+    assert upward_imports(dataset, "def f():\n    from dpo_inv import sample\n")
+    assert upward_imports(PACKAGE / "models" / "mpnn.py", "from ..training import kto\n")
+    assert not upward_imports(dataset, "from dpo_inv.structures import parse\nfrom . import batches\n")
+
+
+def test_subpackage_inits_hold_a_docstring_only():
+    for name in ORDER:
+        tree = ast.parse((PACKAGE / name / "__init__.py").read_text())
+        assert ast.get_docstring(tree), name
+        imports = [n for n in ast.walk(tree) if isinstance(n, ast.Import | ast.ImportFrom)]
+        assert not imports, name
