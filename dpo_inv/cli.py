@@ -11,6 +11,7 @@ COMMANDS = {
     "sample": "dpo_inv.sample",
     "pairs": "dpo_inv.pairs",
     "rounds": "dpo_inv.rounds",
+    "adapt": "dpo_inv.adapt",
 }
 
 

@@ -181,10 +181,20 @@ def raise_bad_records(errors: list[str]) -> None:
     raise DataError("\n".join(shown) + more)
 
 
-def write_jsonl(path: str | Path, rows: list[dict]) -> None:
-    """One JSON object per line, written through a temporary file: a killed write leaves the old file."""
+def write_text(path: str | Path, text: str) -> None:
+    """Write through a temporary file: a killed write leaves the old file."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    tmp.write_text(text)
     tmp.replace(path)
+
+
+def write_jsonl(path: str | Path, rows: list[dict]) -> None:
+    """One JSON object per line, written atomically."""
+    write_text(path, "".join(json.dumps(row) + "\n" for row in rows))
+
+
+def write_json(path: str | Path, value: object) -> None:
+    """One indented JSON document, written atomically."""
+    write_text(path, json.dumps(value, indent=2) + "\n")

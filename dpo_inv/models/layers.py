@@ -19,6 +19,15 @@ class Encoding:
     mask: Tensor  # [B, L]
 
 
+@dataclass
+class DecoderStates:
+    """Decoder states below the last layer, for N sequences per structure."""
+
+    h_V: Tensor  # [B, L, N, H]
+    h_S: Tensor  # [B, L, N, H] token embeddings
+    mask_bw: Tensor  # [B, L, K, N]: 1 where position i sees the token of neighbour j
+
+
 def gather_nodes(nodes: Tensor, index: Tensor) -> Tensor:
     """Node features ``[B, L, *C]`` at positions ``[B, *I]`` (e.g. neighbours ``[B, L, K]``): ``[B, *I, *C]``.
 

@@ -22,6 +22,7 @@ from dpo_inv.models.features import CAProteinFeatures, LigandFeatures, MembraneF
 from dpo_inv.models.layers import (
     ContextLayer,
     DecLayer,
+    DecoderStates,
     EncLayer,
     Encoding,
     causal_neighbor_mask,
@@ -235,13 +236,20 @@ class ProteinMPNN(PreTrainedModel):
         """
         if S.dim() == 2:
             return self.decode(enc, S.unsqueeze(1), ranks.unsqueeze(1)).squeeze(1)
+        return self.decode_last(enc, self.decode_below_last(enc, S, ranks), positions)
+
+    def decode_below_last(self, enc: Encoding, S: Tensor, ranks: Tensor) -> DecoderStates:
+        """The decoder up to its last layer, for ``S`` and ``ranks`` ``[B, N, L]`` (see :meth:`decode`)."""
         mask_bw = enc.mask[:, :, None, None] * causal_neighbor_mask(ranks, enc.E_idx)
         h_S = self.W_s(S.transpose(1, 2))
         h_V = enc.h_V.unsqueeze(2).expand_as(h_S)
-        *layers, last = self.decoder_layers
-        for layer in layers:
+        for layer in self.decoder_layers[:-1]:
             h_V = layer(h_V, h_S, enc, mask_bw)
-        h_V = last(h_V, h_S, enc, mask_bw, positions)
+        return DecoderStates(h_V=h_V, h_S=h_S, mask_bw=mask_bw)
+
+    def decode_last(self, enc: Encoding, states: DecoderStates, positions: Tensor | None = None) -> Tensor:
+        """The last decoder layer and the output head on ``states`` (see :meth:`decode`)."""
+        h_V = self.decoder_layers[-1](states.h_V, states.h_S, enc, states.mask_bw, positions)
         return F.log_softmax(self.W_out(h_V if positions is not None else h_V.transpose(1, 2)), dim=-1)
 
     def forward(

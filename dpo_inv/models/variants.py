@@ -26,6 +26,7 @@ from accelerate.utils import gather_object
 from dpo_inv.data.batches import PreferenceDataset, collate, structure_inputs
 from dpo_inv.data.dataset import PairDataset
 from dpo_inv.data.records import MAX_REPORTED_ERRORS, DataError, load_records
+from dpo_inv.models.layers import DecoderStates, Encoding
 from dpo_inv.models.mpnn import ProteinMPNN, decoding_ranks, derive_seed
 
 ORDERS_PER_PASS = 64  # decoding orders (substituted positions x orders) per decoder batch
@@ -64,6 +65,24 @@ def group_variants(dataset: PreferenceDataset, records: Sequence[int] | None = N
     return [VariantGroup(key[0], members[key], sorted(positions[key])) for key in members]
 
 
+def conditional_inputs(
+    batch: dict[str, torch.Tensor], positions: list[int], seed: int | None, num_orders: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Decoder inputs that score each of ``positions`` last: the wild type (`rejected`) once per position
+    and order, ``[1, N * num_orders, L]``, their decoding ranks, and the position each pass scores,
+    ``[1, 1, N * num_orders]``."""
+    L = batch["mask"].shape[1]
+    chunk = torch.tensor(positions, device=batch["mask"].device)
+    N = len(chunk)
+    last = torch.zeros(N, L, device=chunk.device)
+    last[torch.arange(N), chunk] = 1
+    ranks = decoding_ranks(
+        last, batch["mask"].expand(N, L), None if seed is None else [seed] * N, num_orders, [L] * N
+    ).view(1, N * num_orders, L)
+    S = batch["rejected"].unsqueeze(1).expand(1, N * num_orders, L)
+    return S, ranks, chunk.repeat_interleave(num_orders).view(1, 1, -1)
+
+
 @torch.no_grad()
 def conditional_log_probs(
     model: ProteinMPNN,
@@ -78,23 +97,43 @@ def conditional_log_probs(
     The other residues are decoded left to right (``seed=None``) or in ``num_orders`` random orders drawn
     from ``seed``, as the trainer draws them for a record; log-probabilities are averaged over the orders.
     """
-    L = batch["mask"].shape[1]
     enc = model.encode(**structure_inputs(batch))
     results = []
     per_pass = max(1, ORDERS_PER_PASS // num_orders)
     for start in range(0, len(positions), per_pass):
-        chunk = torch.tensor(positions[start : start + per_pass], device=batch["mask"].device)
-        N = len(chunk)
-        last = torch.zeros(N, L, device=chunk.device)
-        last[torch.arange(N), chunk] = 1
-        ranks = decoding_ranks(
-            last, batch["mask"].expand(N, L), None if seed is None else [seed] * N, num_orders, [L] * N
-        ).view(1, N * num_orders, L)
-        S = batch["rejected"].unsqueeze(1).expand(1, N * num_orders, L)
-        where = chunk.repeat_interleave(num_orders).view(1, 1, -1)  # [1, Q=1, N*K]
+        chunk = positions[start : start + per_pass]
+        S, ranks, where = conditional_inputs(batch, chunk, seed, num_orders)
         log_probs = model.decode(enc, S, ranks, positions=where)  # [1, 1, N*K, 21]
-        results.append(log_probs.float().view(N, num_orders, -1).mean(1))
+        results.append(log_probs.float().view(len(chunk), num_orders, -1).mean(1))
     return torch.cat(results)
+
+
+@dataclass
+class ConditionalStates:
+    """What the last decoder layer needs to score each of a structure's positions last: computed once
+    with :func:`conditional_states`, then :func:`conditional_head` is one pass of that layer."""
+
+    encoding: Encoding
+    states: DecoderStates
+    positions: torch.Tensor  # [1, 1, N]
+
+
+@torch.no_grad()
+def conditional_states(
+    model: ProteinMPNN, batch: dict[str, torch.Tensor], positions: list[int], seed: int | None
+) -> ConditionalStates:
+    """The encoder output and the decoder states below the last layer for scoring each of ``positions``
+    last (one decoding order: left to right with ``seed=None``, else drawn from ``seed``)."""
+    enc = model.encode(**structure_inputs(batch))
+    S, ranks, where = conditional_inputs(batch, positions, seed, 1)
+    return ConditionalStates(enc, model.decode_below_last(enc, S, ranks), where)
+
+
+def conditional_head(model: ProteinMPNN, states: ConditionalStates) -> torch.Tensor:
+    """Log-probabilities ``[P, 21]`` at the positions of ``states`` from the model's last decoder layer and
+    output head (the gradient reaches those two only)."""
+    log_probs = model.decode_last(states.encoding, states.states, states.positions)
+    return log_probs.float().view(states.positions.shape[-1], -1)
 
 
 @torch.no_grad()

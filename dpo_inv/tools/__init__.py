@@ -1,2 +1,2 @@
-"""The tools around a trained model: scoring, sampling, pairing, targets, rewards and on-policy rounds.
-Imports dpo_inv.structures, dpo_inv.data, dpo_inv.models and dpo_inv.training only."""
+"""The tools around a trained model: scoring, sampling, pairing, targets, rewards, on-policy rounds and
+few-shot adaptation. Imports dpo_inv.structures, dpo_inv.data, dpo_inv.models and dpo_inv.training only."""

@@ -1,0 +1,448 @@
+"""Few-shot adaptation to one protein's labelled variants: DPO on every pair of them, the number of steps and
+the learning rate chosen by grouped cross-validation, the augmented ridge baseline in the same folds.
+
+Each variant is scored as `dpo_inv.score` scores it (`delta_logp`, the conditional estimator: each substituted
+position decoded last given the rest of the wild type). Only the last decoder layer and the output head are
+trained: the states below them are computed once per structure, so a training step costs one pass of one
+layer, and cross-validation over a grid of learning rates and lengths takes seconds to minutes on a CPU.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from accelerate import PartialState
+from accelerate.utils import gather_object
+
+from dpo_inv.data.batches import PreferenceDataset, collate
+from dpo_inv.data.dataset import SEQUENCE_FIELDS, PairDataset, load_pairs
+from dpo_inv.data.records import MAX_REPORTED_ERRORS, DataError, load_records, write_json
+from dpo_inv.models.mpnn import ProteinMPNN, derive_seed
+from dpo_inv.models.variants import (
+    ConditionalStates,
+    conditional_head,
+    conditional_states,
+    group_variants,
+    mean_and_median,
+    round_metric,
+    spearman_by_structure,
+)
+from dpo_inv.models.weights import LIGAND_CONTEXT_HELP, LIGAND_EXCLUDE_HELP, load_model, model_parse_options
+from dpo_inv.tools.folds import assign_folds, variant_groups
+from dpo_inv.tools.ridge import augmented_features, fit_ridge_cv
+from dpo_inv.training.launch import resolve_device, setup_environment, threads_per_process
+from dpo_inv.training.loss import PairLogps, dpo_loss
+
+MAX_PAIRS = 200_000  # pairs per structure used by a training step; more are subsampled once, seeded
+
+
+@dataclass
+class AdaptConfig:
+    data: str | None = field(
+        default=None,
+        metadata={
+            "help": "Labelled sequences (pdb_file, chains, sequence, wildtype_seq and a numeric label), "
+            "as a file argument or --data."
+        },
+    )
+    output_dir: str = field(default="outputs/adapt", metadata={"help": "Writes final/ and adapt.json."})
+    model: str = field(
+        default="vanilla/v_48_020",
+        metadata={"help": "The starting model: name, .pt file or saved directory."},
+    )
+    score_field: str = field(default="label", metadata={"help": "The record field holding the label."})
+    lower_is_better: bool = field(default=False, metadata={"help": "Lower labels are better (e.g. ΔΔG)."})
+    num_folds: int = field(default=5, metadata={"help": "Cross-validation folds (grouped by position)."})
+    learning_rates: list[float] = field(
+        default_factory=lambda: [3e-4], metadata={"help": "Learning rates cross-validation tries."}
+    )
+    max_steps: list[int] = field(
+        default_factory=lambda: [10, 20, 30, 50, 75, 100],
+        metadata={"help": "Training lengths (optimizer steps) cross-validation tries."},
+    )
+    beta: float = field(default=0.1, metadata={"help": "DPO's β."})
+    loss_type: str = field(
+        default="sigmoid", metadata={"help": "sigmoid, ipo, hinge or robust (TRL's names)."}
+    )
+    min_labels: int = field(
+        default=20, metadata={"help": "Fewer labelled sequences than this: keep the starting model."}
+    )
+    decoding_order: str = field(
+        default="left_to_right",
+        metadata={"help": "left_to_right or random: the order of the other residues in the estimator."},
+    )
+    seed: int = field(default=42, metadata={"help": "Seed of the folds, the decoding orders, the pairs."})
+    device: str | None = field(default=None, metadata={"help": "cpu, cuda, xpu, ...; default: the best."})
+    cache_dir: str | None = field(default=None, metadata={"help": "Cache for parsed structures."})
+    ligand_context: bool = field(default=True, metadata={"help": LIGAND_CONTEXT_HELP})
+    ligand_exclude: list[str] = field(default_factory=list, metadata={"help": LIGAND_EXCLUDE_HELP})
+    debug: bool = field(default=False, metadata={"help": "Show tracebacks of errors."})
+
+
+@dataclass
+class VariantSet:
+    """The labelled variants of one structure and wild type, and what scoring them needs."""
+
+    structure_id: int
+    records: np.ndarray  # indices into the data file, in file order
+    labels: np.ndarray
+    states: ConditionalStates  # decoder states below the last layer, one pass per substituted position
+    changes: torch.Tensor  # sparse [records, positions * vocab]: +1 at (p, variant_p), -1 at (p, wildtype_p)
+    reference: torch.Tensor  # delta_logp of each record under the starting model
+
+    def deltas(self, model: ProteinMPNN) -> torch.Tensor:
+        """`delta_logp` of every record under `model` (differentiable in its last layer and head)."""
+        table = conditional_head(model, self.states).reshape(-1, 1)
+        return torch.sparse.mm(self.changes, table).squeeze(1)
+
+    def subset(self, rows: np.ndarray) -> VariantSet:
+        """The set of records ``rows`` (indices into this set's records) on the same states."""
+        index = torch.as_tensor(rows, dtype=torch.long, device=self.reference.device)
+        return VariantSet(
+            self.structure_id,
+            self.records[rows],
+            self.labels[rows],
+            self.states,
+            self.changes.index_select(0, index).coalesce(),
+            self.reference[index],
+        )
+
+
+def read_labels(path: str, config: AdaptConfig) -> np.ndarray:
+    """The label of every record, oriented so that higher is better; a `DataError` names every record
+    without a usable label or wild type."""
+    labels, errors = [], []
+    for record in load_records(path):
+        data = record.data or {}
+        value = data.get(config.score_field)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            errors.append(
+                f"{record.location}: {config.score_field} must be a finite number, got {value!r}; fix the "
+                "record or name the label's field with --score_field"
+            )
+        elif not data.get("wildtype_seq"):
+            errors.append(
+                f"{record.location}: missing wildtype_seq: adapt scores each sequence against its wild type "
+                "(for designs, the backbone's native or parent sequence)"
+            )
+        else:
+            labels.append(-float(value) if config.lower_is_better else float(value))
+    if errors:
+        raise DataError("\n".join(errors[:MAX_REPORTED_ERRORS]))
+    return np.array(labels)
+
+
+def variant_sets(
+    model: ProteinMPNN, data: PairDataset, labels: np.ndarray, config: AdaptConfig, device: torch.device
+) -> list[VariantSet]:
+    """One `VariantSet` per (structure, wild type) of the data, with its decoder states computed once."""
+    dataset = PreferenceDataset(data)
+    sets = []
+    for group in group_variants(dataset):
+        batch = {k: v.to(device) for k, v in collate([dataset[group.records[0]]]).items()}
+        positions = group.positions or [0]
+        seed = (
+            None
+            if config.decoding_order == "left_to_right"
+            else derive_seed(config.seed, 0, group.records[0])
+        )
+        states = conditional_states(model, batch, positions, seed)
+        row = {p: i for i, p in enumerate(positions)}
+        vocab = model.config.vocab_size
+        wildtype = batch["rejected"][0].cpu().numpy()
+        index, value = [], []
+        for r, record in enumerate(group.records):
+            variant = np.asarray(dataset.pairs[record]["chosen"])
+            for p in np.flatnonzero(variant != wildtype[: len(variant)]):
+                index += [(r, row[p] * vocab + variant[p]), (r, row[p] * vocab + wildtype[p])]
+                value += [1.0, -1.0]
+        changes = torch.sparse_coo_tensor(
+            torch.tensor(index, dtype=torch.long).reshape(-1, 2).T,
+            torch.tensor(value),
+            (len(group.records), len(positions) * vocab),
+            device=device,
+        ).coalesce()
+        variant_set = VariantSet(
+            group.structure_id,
+            np.array(group.records),
+            labels[group.records],
+            states,
+            changes,
+            torch.empty(0),
+        )
+        with torch.no_grad():
+            variant_set.reference = variant_set.deltas(model)
+        sets.append(variant_set)
+    return sets
+
+
+def training_pairs(labels: np.ndarray, train: np.ndarray, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(preferred, dispreferred) record indices: every ordered pair of training records whose labels differ,
+    subsampled to `MAX_PAIRS`."""
+    chosen, rejected = np.nonzero((labels[:, None] > labels[None, :]) & train[:, None] & train[None, :])
+    if len(chosen) > MAX_PAIRS:
+        keep = np.random.default_rng(seed).choice(len(chosen), MAX_PAIRS, replace=False)
+        chosen, rejected = chosen[keep], rejected[keep]
+    return torch.from_numpy(chosen), torch.from_numpy(rejected)
+
+
+def head_parameters(model: ProteinMPNN) -> list[torch.nn.Parameter]:
+    """What adaptation trains: the last decoder layer and the output head."""
+    return [*model.decoder_layers[-1].parameters(), *model.W_out.parameters()]
+
+
+def train_head(
+    start: ProteinMPNN,
+    sets: Sequence[VariantSet],
+    train: Sequence[np.ndarray],
+    learning_rate: float,
+    checkpoints: Sequence[int],
+    config: AdaptConfig,
+) -> tuple[ProteinMPNN, dict[int, list[np.ndarray]]]:
+    """Train a copy of `start` with DPO on the pairs of each set's training records (``train[k]``, a mask
+    over set k's records) for ``max(checkpoints)`` steps, full batch, AdamW; returns the model and every
+    record's `delta_logp` at each checkpoint. Dropout stays off: the model is in eval mode throughout."""
+    model = copy.deepcopy(start).eval().requires_grad_(False)
+    parameters = head_parameters(model)
+    for parameter in parameters:
+        parameter.requires_grad_(True)
+    optimizer = torch.optim.AdamW(parameters, lr=learning_rate, weight_decay=0.0)
+    pairs = [training_pairs(s.labels, mask, config.seed) for s, mask in zip(sets, train, strict=True)]
+    used = [(s, p) for s, p in zip(sets, pairs, strict=True) if len(p[0])]
+    deltas: dict[int, list[np.ndarray]] = {}
+    for step in range(1, max(checkpoints) + 1):
+        loss = 0.0
+        for variant_set, (chosen, rejected) in used:
+            delta = variant_set.deltas(model)
+            ones = torch.ones(len(chosen), device=delta.device)
+            policy = PairLogps(delta[chosen], delta[rejected], ones)
+            reference = PairLogps(variant_set.reference[chosen], variant_set.reference[rejected], ones)
+            loss = loss + dpo_loss(policy, reference, config.beta, config.loss_type).losses.mean()
+        optimizer.zero_grad()
+        (loss / max(len(used), 1)).backward()
+        optimizer.step()
+        if step in checkpoints:
+            with torch.no_grad():
+                deltas[step] = [s.deltas(model).cpu().numpy() for s in sets]
+    return model.requires_grad_(True), deltas
+
+
+def mean_spearman(values: Sequence[np.ndarray], sets: Sequence[VariantSet]) -> tuple[float, list[dict]]:
+    """Mean over structures of Spearman's correlation of `values` (one array per set) with the labels."""
+    table = spearman_by_structure(
+        np.concatenate(values),
+        np.concatenate([s.labels for s in sets]),
+        np.concatenate([np.full(len(s.records), s.structure_id) for s in sets]),
+    )
+    return mean_and_median(table)[0], table
+
+
+def ridge_out_of_fold(
+    sets: Sequence[VariantSet], data: PairDataset, folds: Sequence[np.ndarray], seed: int
+) -> list[np.ndarray]:
+    """Out-of-fold predictions of the augmented ridge model (one-hot + the starting model's `delta_logp`),
+    fitted per set on the other folds."""
+    predictions = []
+    for variant_set, fold in zip(sets, folds, strict=True):
+        tokens = np.stack([np.asarray(data.pairs[int(r)]["chosen"]) for r in variant_set.records])
+        features = augmented_features(tokens, variant_set.reference.cpu().numpy())
+        predicted = variant_set.reference.cpu().numpy().astype(np.float64).copy()
+        for k in np.unique(fold):
+            held_out = fold == k
+            if (~held_out).sum() >= 3 and np.ptp(variant_set.labels[~held_out]) > 0:
+                ridge = fit_ridge_cv(features[~held_out], variant_set.labels[~held_out], 1, seed)
+                predicted[held_out] = ridge.predict(features[held_out])
+        predictions.append(predicted)
+    return predictions
+
+
+def check_labels(sets: Sequence[VariantSet], data: PairDataset, config: AdaptConfig) -> None:
+    """Bad input: fewer labelled sequences than folds, or a structure whose labels are all equal."""
+    count = sum(len(s.records) for s in sets)
+    if count < config.num_folds:
+        raise DataError(
+            f"{config.data}: {count} labelled sequences for {config.num_folds} folds; label at least "
+            f"{config.num_folds} sequences or lower --num_folds"
+        )
+    for variant_set in sets:
+        if np.ptp(variant_set.labels) == 0:
+            path = data.structures[variant_set.structure_id]["path"]
+            raise DataError(
+                f"{config.data}: every label of the {len(variant_set.records)} sequences on {path} is "
+                f"{variant_set.labels[0]:g}: a constant label ranks nothing; check --score_field"
+            )
+
+
+@dataclass
+class Choice:
+    learning_rate: float
+    max_steps: int
+    spearman: float
+
+
+def cross_validate(
+    model: ProteinMPNN, sets: list[VariantSet], folds: list[np.ndarray], config: AdaptConfig
+) -> tuple[list[Choice], dict[float, dict[int, list[np.ndarray]]]]:
+    """Every (learning rate, length) of the grid, scored by the mean per-structure Spearman of its
+    out-of-fold `delta_logp`; the (fold, learning rate) jobs are shared out over the processes."""
+    state = PartialState()
+    jobs = [(k, lr) for k in range(config.num_folds) for lr in config.learning_rates]
+    mine = {}
+    for k, lr in jobs[state.process_index :: state.num_processes]:
+        train = [fold != k for fold in folds]
+        _, deltas = train_head(model, sets, train, lr, config.max_steps, config)
+        mine[(k, lr)] = {
+            step: [d[fold == k] for d, fold in zip(values, folds, strict=True)]
+            for step, values in deltas.items()
+        }
+    results = {key: value for part in gather_object([mine]) for key, value in part.items()}
+    out_of_fold: dict[float, dict[int, list[np.ndarray]]] = {}
+    grid = []
+    for lr in config.learning_rates:
+        out_of_fold[lr] = {}
+        for steps in config.max_steps:
+            values = [np.zeros(len(s.records)) for s in sets]
+            for k in range(config.num_folds):
+                for values_k, part, fold in zip(values, results[(k, lr)][steps], folds, strict=True):
+                    values_k[fold == k] = part
+            out_of_fold[lr][steps] = values
+            grid.append(Choice(lr, steps, mean_spearman(values, sets)[0]))
+    return grid, out_of_fold
+
+
+def fold_sets(sets: Sequence[VariantSet], data: PairDataset, num_folds: int, seed: int) -> list[np.ndarray]:
+    """The fold of every record of each set (`dpo_inv.tools.folds`: grouped by position or near-duplicate)."""
+    groups = variant_groups(
+        [np.asarray(data.pairs[int(r)]["chosen"]) for s in sets for r in s.records],
+        [np.asarray(data.pairs[int(r)]["rejected"]) for s in sets for r in s.records],
+        [s.structure_id for s in sets for _ in s.records],
+    )
+    fold_of = assign_folds(groups, num_folds, seed)
+    bounds = np.cumsum([0] + [len(s.records) for s in sets])
+    return [fold_of[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+
+
+@dataclass
+class Adapted:
+    """The outcome of adaptation: the model to ship and what cross-validation measured."""
+
+    model: ProteinMPNN
+    decision: str
+    best: Choice
+    grid: list[Choice]
+    start: list[dict]  # per structure: count, Spearman of the starting model
+    adapted: list[dict]  # ... of the chosen configuration, out of fold
+    ridge: list[dict]  # ... of the augmented ridge baseline, out of fold
+    start_mean: float
+    ridge_mean: float
+
+
+def choose_and_train(
+    model: ProteinMPNN, sets: list[VariantSet], data: PairDataset, config: AdaptConfig
+) -> Adapted:
+    """Cross-validate the grid, then train on every label with the best configuration; the starting model
+    is kept with too few labels or no cross-validated gain."""
+    folds = fold_sets(sets, data, config.num_folds, config.seed)
+    grid, out_of_fold = cross_validate(model, sets, folds, config)
+    best = max(grid, key=lambda c: (c.spearman, -c.max_steps))
+    start_mean, start = mean_spearman([s.reference.cpu().numpy() for s in sets], sets)
+    ridge_mean, ridge = mean_spearman(ridge_out_of_fold(sets, data, folds, config.seed), sets)
+    _, adapted = mean_spearman(out_of_fold[best.learning_rate][best.max_steps], sets)
+    count = sum(len(s.records) for s in sets)
+    if count < config.min_labels:
+        decision = f"kept the starting model: {count} labelled sequences, fewer than --min_labels "
+        decision += str(config.min_labels)
+    elif not best.spearman > start_mean:
+        decision = (
+            "kept the starting model: adaptation did not rank held-out sequences better in "
+            f"cross-validation ({best.spearman:.3f} against {start_mean:.3f})"
+        )
+    else:
+        decision = "adapted"
+        everything = [np.ones(len(s.records), dtype=bool) for s in sets]
+        model, _ = train_head(model, sets, everything, best.learning_rate, [best.max_steps], config)
+    return Adapted(model, decision, best, grid, start, adapted, ridge, start_mean, ridge_mean)
+
+
+def adapt(config: AdaptConfig) -> dict[str, Any]:
+    """Adapt ``config.model`` to the labelled sequences of ``config.data``: save the model to ship as
+    ``output_dir/final`` and write ``output_dir/adapt.json``; returns that report."""
+    start_time = time.time()
+    torch.set_num_threads(threads_per_process(setup_environment().local_world_size))
+    state = PartialState()
+    device = resolve_device(config.device) if config.device or state.num_processes == 1 else state.device
+    labels = read_labels(config.data, config)
+    options = model_parse_options(config.model, None, config.ligand_context, config.ligand_exclude)
+    with state.main_process_first():
+        data = load_pairs(config.data, config.cache_dir, fields=SEQUENCE_FIELDS, options=options)
+    model = load_model(config.model).to(device)
+    sets = variant_sets(model, data, labels, config, device)
+    check_labels(sets, data, config)
+    result = choose_and_train(model, sets, data, config)
+    final = Path(config.output_dir) / "final"
+    if state.is_main_process:
+        result.model.save_pretrained(final)
+    structures = []
+    for start, adapted, ridge in zip(result.start, result.adapted, result.ridge, strict=True):
+        structure = data.structures[start["structure_id"]]
+        structures.append(
+            {
+                "pdb_file": structure["path"],
+                "chains": list(structure["design_chains"]),
+                "labelled": start["count"],
+                "spearman_start": round_metric(start["spearman"]),
+                "spearman_adapted": round_metric(adapted["spearman"]),
+                "spearman_augmented_ridge": round_metric(ridge["spearman"]),
+            }
+        )
+    report = {
+        "data": config.data,
+        "model": config.model,
+        "labelled": sum(len(s.records) for s in sets),
+        "decision": result.decision,
+        "final_model": str(final),
+        "learning_rate": result.best.learning_rate,
+        "max_steps": result.best.max_steps,
+        "cv_folds": config.num_folds,
+        "cv_spearman_start": round_metric(result.start_mean),
+        "cv_spearman_adapted": round_metric(result.best.spearman),
+        "cv_spearman_augmented_ridge": round_metric(result.ridge_mean),
+        "structures": structures,
+        "grid": [{**asdict(c), "spearman": round_metric(c.spearman)} for c in result.grid],
+        "seconds": round(time.time() - start_time, 1),
+        "config": asdict(config),
+    }
+    if state.is_main_process:
+        write_json(Path(config.output_dir) / "adapt.json", report)
+    state.wait_for_everyone()
+    return report
+
+
+def summary_lines(report: dict[str, Any]) -> list[str]:
+    """What `python -m dpo_inv.adapt` prints: one line per structure, then the outcome."""
+    lines = [
+        f"{s['pdb_file']} ({','.join(s['chains'])}): {s['labelled']} labelled; cross-validated Spearman: "
+        f"start {s['spearman_start']}, adapted {s['spearman_adapted']}, augmented ridge "
+        f"{s['spearman_augmented_ridge']}"
+        for s in report["structures"]
+    ]
+    outcome = (
+        f"adapted model ({report['max_steps']} steps at learning rate {report['learning_rate']:g}) saved to "
+        f"{report['final_model']}"
+        if report["decision"] == "adapted"
+        else f"{report['decision']}; saved to {report['final_model']}"
+    )
+    lines.append(
+        f"Done: cross-validated Spearman {report['cv_spearman_adapted']} "
+        f"(start {report['cv_spearman_start']}, augmented ridge {report['cv_spearman_augmented_ridge']}, "
+        f"{report['cv_folds']} folds grouped by position); {outcome}"
+    )
+    return lines

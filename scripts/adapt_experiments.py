@@ -1,0 +1,177 @@
+"""The measurements behind `python -m dpo_inv.adapt` (docs/adapt.md): one stability domain plays a user's own
+protein. For N labelled single mutants drawn at random from it, the Spearman correlation with the measured
+stability on that domain's remaining mutants of
+
+- `zero_shot`: the starting model's `delta_logp`;
+- `ridge`: ridge regression on one-hot sequences; `augmented`: one-hot plus the starting model's score
+  (Hsu et al. 2022), penalty chosen by inner cross-validation;
+- `adapt`: the model `dpo_inv.adapt` ships (grid chosen by its grouped cross-validation, or the starting
+  model when it keeps that);
+- `adapt_ridge`: the augmented ridge model on the adapted model's score.
+
+Scores on the remaining mutants use `dpo_inv.score`'s estimator and default order (conditional, random).
+
+    python scripts/adapt_experiments.py --output outputs/adapt_experiments.jsonl   # runs, appends
+    python scripts/adapt_experiments.py --output outputs/adapt_experiments.jsonl --summary
+
+Each (domain, N, seed) is one line of the output; a line already there is not run again. `--shard I/K`
+runs every K-th domain from the I-th, so K processes can share the domains.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from dpo_inv.data.dataset import SEQUENCE_FIELDS, load_pairs
+from dpo_inv.models.variants import spearman
+from dpo_inv.models.weights import load_model
+from dpo_inv.tools.adapt import AdaptConfig, choose_and_train, variant_sets
+from dpo_inv.tools.ridge import augmented_features, fit_ridge_cv, one_hot
+
+ROOT = Path(__file__).resolve().parents[1]
+METHODS = ("zero_shot", "ridge", "augmented", "adapt", "adapt_ridge")
+
+
+def domain_records(path: Path, domain: str) -> list[dict]:
+    records = [json.loads(line) for line in path.read_text().splitlines() if f'"{domain}"' in line]
+    return [
+        {**r, "pdb_file": str((path.parent / r["pdb_file"]).resolve())}
+        for r in records
+        if r["domain"] == domain
+    ]
+
+
+def run_domain(domain: str, args: argparse.Namespace, done: set, output) -> None:
+    records = domain_records(args.data, domain)
+    with tempfile.TemporaryDirectory() as tmp:
+        file = Path(tmp) / f"{domain}.jsonl"
+        file.write_text("".join(json.dumps(r) + "\n" for r in records))
+        data = load_pairs(file, args.cache_dir, fields=SEQUENCE_FIELDS)
+    labels = np.array([r["score"] for r in records])
+    model = load_model(args.model)
+    config = AdaptConfig(data=str(file), model=args.model)
+    (full,) = variant_sets(model, data, labels, config, torch.device("cpu"))
+    (evaluation,) = variant_sets(
+        model, data, labels, AdaptConfig(data=str(file), decoding_order="random"), torch.device("cpu")
+    )
+    tokens = np.stack([np.asarray(data.pairs[i]["chosen"]) for i in range(len(records))])
+    base = evaluation.reference.numpy()
+    for n in args.sizes:
+        for seed in args.seeds:
+            if (domain, n, seed) in done:
+                continue
+            start = time.time()
+            rows = np.random.default_rng(seed).permutation(len(records))
+            train, test = rows[:n], rows[n:]
+            result = choose_and_train(model, [full.subset(train)], data, config)
+            seconds = time.time() - start
+            with torch.no_grad():
+                adapted = evaluation.deltas(result.model).numpy()
+            ridge = fit_ridge_cv(one_hot(tokens[train]), labels[train], seed=seed)
+            scores = {
+                "zero_shot": base,
+                "ridge": ridge.predict(one_hot(tokens)),
+                "adapt": adapted,
+            }
+            for name, score in (("augmented", base), ("adapt_ridge", adapted)):
+                features = augmented_features(tokens, score)
+                scores[name] = fit_ridge_cv(features[train], labels[train], 1, seed).predict(features)
+            line = {
+                "domain": domain,
+                "n": n,
+                "seed": seed,
+                "length": len(records[0]["wildtype_seq"]),
+                "test": len(test),
+                **{name: spearman(scores[name][test], labels[test]) for name in METHODS},
+                "decision": result.decision,
+                "max_steps": result.best.max_steps,
+                "learning_rate": result.best.learning_rate,
+                "cv_adapt": result.best.spearman,
+                "cv_start": result.start_mean,
+                "cv_augmented": result.ridge_mean,
+                "adapt_seconds": round(seconds, 1),
+            }
+            output.write(json.dumps(line) + "\n")
+            output.flush()
+            print(
+                json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in line.items()}),
+                flush=True,
+            )
+
+
+def summary(path: Path) -> None:
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    print(
+        "| N | runs (domains x seeds) | "
+        + " | ".join(METHODS)
+        + " | adapt > augmented | kept start | adapt time (s) |"
+    )
+    print("|---" * (len(METHODS) + 5) + "|")
+    for n in sorted({line["n"] for line in lines}):
+        rows = [line for line in lines if line["n"] == n]
+        domains = len({r["domain"] for r in rows})
+        # spread over seeds: the standard deviation of the per-seed means over domains
+        cells = []
+        for name in METHODS:
+            per_seed = [
+                np.mean([r[name] for r in rows if r["seed"] == s]) for s in sorted({r["seed"] for r in rows})
+            ]
+            cells.append(f"{np.mean([r[name] for r in rows]):.3f} ± {np.std(per_seed):.3f}")
+        wins = np.mean([r["adapt"] > r["augmented"] for r in rows])
+        kept = np.mean([r["decision"] != "adapted" for r in rows])
+        time_s = np.median([r["adapt_seconds"] for r in rows])
+        print(
+            f"| {n} | {len(rows)} ({domains} x {len(rows) // domains}) | "
+            + " | ".join(cells)
+            + f" | {wins:.0%} | {kept:.0%} | {time_s:.0f} |"
+        )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--data", type=Path, default=ROOT.parent / "shared" / "stability" / "train.jsonl")
+    parser.add_argument("--domains", default=None, help="Comma-separated; default: every third domain.")
+    parser.add_argument("--sizes", default="24,48,96,192")
+    parser.add_argument("--seeds", default="0,1,2")
+    parser.add_argument("--model", default="vanilla/v_48_020")
+    parser.add_argument("--cache_dir", default=None)
+    parser.add_argument("--shard", default="0/1", help="I/K: every K-th domain from the I-th.")
+    parser.add_argument("--output", type=Path, required=True)
+    parser.add_argument("--summary", action="store_true", help="Print the table of the output and stop.")
+    args = parser.parse_args()
+    if args.summary:
+        summary(args.output)
+        return
+    args.sizes = [int(n) for n in args.sizes.split(",")]
+    args.seeds = [int(s) for s in args.seeds.split(",")]
+    if args.domains:
+        domains = args.domains.split(",")
+    else:
+        all_domains = sorted({json.loads(line)["domain"] for line in args.data.read_text().splitlines()})
+        domains = all_domains[::3]
+    index, count = (int(x) for x in args.shard.split("/"))
+    torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // count))
+    domains = domains[index::count]
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    done = set()
+    if args.output.is_file():
+        done = {
+            (r["domain"], r["n"], r["seed"]) for r in map(json.loads, args.output.read_text().splitlines())
+        }
+    with args.output.open("a") as output:
+        for domain in domains:
+            run_domain(domain, args, done, output)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,191 @@
+"""Few-shot adaptation (`dpo_inv.adapt`): fold grouping, the ridge baseline, the fast conditional head, the
+refusal to ship a worse model, bad input, and short runs end to end on a real stability domain."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from conftest import ROOT, stability_rows
+
+from dpo_inv.data.batches import PreferenceDataset, collate
+from dpo_inv.data.dataset import SEQUENCE_FIELDS, load_pairs
+from dpo_inv.models.variants import conditional_head, conditional_log_probs, conditional_states
+from dpo_inv.models.weights import load_model
+from dpo_inv.structures.parse import ALPHABET
+from dpo_inv.tools.folds import assign_folds, variant_groups
+from dpo_inv.tools.ridge import augmented_features, fit_ridge, one_hot
+
+DOMAIN = "2jws_A_7-54"  # 48 residues
+ADAPT = (sys.executable, "-m", "dpo_inv.adapt")
+QUICK = ("--max_steps", "5", "10", "--num_folds", "3")
+
+
+def tokens(sequence: str) -> np.ndarray:
+    return np.array([ALPHABET.index(c) for c in sequence])
+
+
+def write(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def domain_rows(count: int, seed: int = 0) -> list[dict]:
+    rows = stability_rows((DOMAIN,), per_domain=10_000, stride=1)
+    return [rows[i] for i in np.random.default_rng(seed).permutation(len(rows))[:count]]
+
+
+def run(*args: str, cwd=ROOT) -> subprocess.CompletedProcess:
+    return subprocess.run([*ADAPT, *args], capture_output=True, text=True, cwd=cwd)
+
+
+def test_folds_keep_every_position_on_one_side_and_near_duplicate_designs_together():
+    rows = domain_rows(150)
+    variants = [tokens(r["sequence"]) for r in rows]
+    wildtypes = [tokens(r["wildtype_seq"]) for r in rows]
+    positions = np.array([r["position"] for r in rows])
+    folds = assign_folds(variant_groups(variants, wildtypes, [0] * len(rows)), 5, seed=0)
+    for k in range(5):
+        assert not set(positions[folds == k]) & set(positions[folds != k])
+    assert np.bincount(folds).max() - np.bincount(folds).min() <= 6  # balanced by whole positions
+    # designs: two near-duplicates (2 differences in 48) share a group, a distant design does not
+    wildtype = wildtypes[0]
+    design = wildtype.copy()
+    design[:10] = (design[:10] + 1) % 20
+    near = design.copy()
+    near[20:22] = (near[20:22] + 1) % 20
+    far = wildtype.copy()
+    far[30:45] = (far[30:45] + 2) % 20
+    groups = variant_groups([design, near, far], [wildtype] * 3, [0, 0, 0])
+    assert groups[0] == groups[1] != groups[2]
+
+
+def test_ridge_matches_the_normal_equations_with_an_unpenalised_score():
+    rng = np.random.default_rng(0)
+    sequences = rng.integers(0, 20, size=(40, 12))
+    score = rng.normal(size=40)
+    labels = 2 * score + rng.normal(size=40)
+    features = augmented_features(sequences, score)
+    assert features.shape == (40, 12 * 21 + 1) and (features[:, :-1].sum(1) == 12).all()
+    model = fit_ridge(features, labels, alpha=5.0, unpenalised=1)
+    # by hand: intercept and score unpenalised, one-hot penalised by alpha
+    X = np.hstack([features, np.ones((40, 1))])
+    penalty = np.diag(np.r_[np.full(12 * 21, 5.0), 0.0, 0.0])
+    by_hand = np.linalg.lstsq(X.T @ X + penalty, X.T @ labels, rcond=None)[0]
+    np.testing.assert_allclose(model.predict(features), X @ by_hand, atol=1e-8)
+    # more records than features: the primal form, the same numbers
+    small = one_hot(sequences[:, :2])
+    X = np.hstack([small, np.ones((40, 1))])
+    by_hand = np.linalg.lstsq(X.T @ X + np.diag(np.r_[np.full(42, 5.0), 0.0]), X.T @ labels, rcond=None)[0]
+    np.testing.assert_allclose(fit_ridge(small, labels, 5.0).predict(small), X @ by_hand, atol=1e-8)
+
+
+def test_conditional_head_equals_the_conditional_estimator(tmp_path):
+    data = load_pairs(write(tmp_path / "v.jsonl", domain_rows(3)), tmp_path / "cache", fields=SEQUENCE_FIELDS)
+    batch = collate([PreferenceDataset(data)[0]])
+    model = load_model("vanilla/v_48_020")
+    positions = list(range(48))
+    for seed in (None, 7):
+        expected = conditional_log_probs(model, batch, positions, seed)
+        states = conditional_states(model, batch, positions, seed)
+        torch.testing.assert_close(conditional_head(model, states), expected, rtol=0, atol=1e-6)
+
+
+def test_adapt_end_to_end_writes_a_model_that_score_reads(tmp_path):
+    labelled = write(tmp_path / "labelled.jsonl", domain_rows(48))
+    rest = write(tmp_path / "rest.jsonl", domain_rows(200, seed=1)[48:])
+    result = run(str(labelled), "--output_dir", str(tmp_path / "out"), *QUICK)
+    assert result.returncode == 0, result.stderr
+    report = json.loads((tmp_path / "out" / "adapt.json").read_text())
+    assert report["labelled"] == 48 and report["cv_folds"] == 3
+    (structure,) = report["structures"]
+    assert structure["labelled"] == 48
+    assert {c["max_steps"] for c in report["grid"]} == {5, 10}
+    assert report["decision"] == "adapted"  # this domain gains in cross-validation
+    assert report["cv_spearman_adapted"] > report["cv_spearman_start"]
+    assert "Done: cross-validated Spearman" in result.stdout.splitlines()[-1]
+    score = subprocess.run(
+        [sys.executable, "-m", "dpo_inv.score", "--model", str(tmp_path / "out" / "final"),
+         "--data", str(rest), "--output", str(tmp_path / "scored.jsonl")],
+        capture_output=True, text=True, cwd=ROOT,
+    )  # fmt: skip
+    assert score.returncode == 0, score.stderr
+    assert json.loads(score.stdout)["spearman_per_structure_mean"] > 0.5
+    adapted, base = load_model(tmp_path / "out" / "final"), load_model("vanilla/v_48_020")
+    changed = {n for n, p in adapted.state_dict().items() if not torch.equal(p, base.state_dict()[n])}
+    assert changed and all(n.startswith(("decoder_layers.2.", "W_out.")) for n in changed)
+
+
+def test_adapt_keeps_the_starting_model_when_labels_say_nothing(tmp_path):
+    rows = domain_rows(40)
+    noise = np.random.default_rng(3).permutation([r["label"] for r in rows])
+    labelled = write(
+        tmp_path / "shuffled.jsonl", [{**r, "label": float(y)} for r, y in zip(rows, noise, strict=True)]
+    )
+    result = run(str(labelled), "--output_dir", str(tmp_path / "out"), *QUICK, "--min_labels", "20")
+    assert result.returncode == 0, result.stderr
+    report = json.loads((tmp_path / "out" / "adapt.json").read_text())
+    few = run(str(labelled), "--output_dir", str(tmp_path / "few"), *QUICK, "--min_labels", "50")
+    assert few.returncode == 0, few.stderr
+    assert (
+        "fewer than --min_labels 50" in json.loads((tmp_path / "few" / "adapt.json").read_text())["decision"]
+    )
+    for folder, decision in ((tmp_path / "out", report["decision"]), (tmp_path / "few", "kept")):
+        if decision.startswith("kept"):
+            kept, base = load_model(folder / "final"), load_model("vanilla/v_48_020")
+            for name, value in base.state_dict().items():
+                assert torch.equal(kept.state_dict()[name], value), name
+    assert report["decision"].startswith("kept the starting model"), report
+
+
+@pytest.mark.parametrize(
+    "case, expected",
+    [
+        ("few", "3 labelled sequences for 5 folds"),
+        ("constant", "a constant label ranks nothing"),
+        ("nan", "label must be a finite number"),
+        ("no_wildtype", "missing wildtype_seq"),
+        ("model", "as an official ProteinMPNN checkpoint"),
+    ],
+)
+def test_bad_input_is_one_line_naming_the_file_and_exit_2(tmp_path, case, expected):
+    rows = domain_rows(30)
+    model = "vanilla/v_48_020"
+    if case == "few":
+        rows = rows[:3]
+    elif case == "constant":
+        rows = [{**r, "label": 1.0} for r in rows]
+    elif case == "nan":
+        rows[4]["label"] = float("nan")
+    elif case == "no_wildtype":
+        del rows[2]["wildtype_seq"]
+    else:
+        model = str(write(tmp_path / "not_a_model.json", [{"hello": 1}]))
+    labelled = write(tmp_path / "labelled.jsonl", rows)
+    result = run(str(labelled), "--output_dir", str(tmp_path / "out"), "--model", model)
+    assert result.returncode == 2, result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and expected in lines[0], result.stderr
+    assert "Traceback" not in result.stderr
+    if case in ("few", "constant", "nan", "no_wildtype"):
+        assert str(labelled) in lines[0]
+
+
+def test_two_processes_choose_and_train_as_one(tmp_path):
+    labelled = write(tmp_path / "labelled.jsonl", domain_rows(30))
+    one = run(str(labelled), "--output_dir", str(tmp_path / "one"), *QUICK)
+    assert one.returncode == 0, one.stderr
+    two = subprocess.run(
+        [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "2", "--num_machines", "1",
+         "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "dpo_inv.adapt", str(labelled),
+         "--output_dir", str(tmp_path / "two"), *QUICK],
+        capture_output=True, text=True, cwd=ROOT,
+    )  # fmt: skip
+    assert two.returncode == 0, two.stderr
+    first, second = (json.loads((tmp_path / d / "adapt.json").read_text()) for d in ("one", "two"))
+    assert first["grid"] == second["grid"] and first["decision"] == second["decision"]
+    a, b = load_model(tmp_path / "one" / "final"), load_model(tmp_path / "two" / "final")
+    for name, value in a.state_dict().items():  # 1 and 2 threads per process: float sums differ
+        torch.testing.assert_close(b.state_dict()[name], value, rtol=0, atol=1e-4)
