@@ -9,7 +9,8 @@ TORCH ?= torch==2.13.0
 STABILITY ?= ../shared/stability/train.jsonl
 STABILITY_DIR := outputs/stability
 
-.PHONY: setup example ligand-example kto-example residpo-example rounds-example stability test lint clean
+.PHONY: setup example ligand-example kto-example residpo-example rounds-example stability adapt-example test lint \
+	clean
 
 setup: $(VENV)/.installed
 
@@ -59,6 +60,12 @@ stability: setup
 	$(PY) -m dpo_inv.pairs $(STABILITY_DIR)/data/train.jsonl --output $(STABILITY_DIR)/data/pairs.jsonl \
 		--strategy same_position --min_margin 1 --max_pairs_per_structure 120 --seed 0
 	$(PY) -m dpo_inv.run --config configs/stability.yaml
+
+# your own protein: adapt to 96 measured mutants of one domain, then score its other 806
+adapt-example: setup
+	$(PY) -m dpo_inv.adapt data/adapt/labelled.jsonl --output_dir outputs/adapt_example
+	$(PY) -m dpo_inv.score --model outputs/adapt_example/final --data data/adapt/candidates.jsonl \
+		--output outputs/adapt_example/candidates_scored.jsonl
 
 test: setup
 	$(PY) -m ruff check dpo_inv tests scripts

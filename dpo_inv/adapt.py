@@ -15,10 +15,12 @@ the folds are shared out over the processes.
 
 from __future__ import annotations
 
+import argparse
 import sys
 import traceback
 
 import datasets
+from accelerate import PartialState
 from transformers import HfArgumentParser
 
 from dpo_inv.data.records import DataError
@@ -26,8 +28,14 @@ from dpo_inv.structures.parse import StructureError
 from dpo_inv.tools.adapt import AdaptConfig, adapt, summary_lines
 
 
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    pass
+
+
 def parse_args(args: list[str] | None = None) -> AdaptConfig:
-    parser = HfArgumentParser(AdaptConfig, prog="python -m dpo_inv.adapt", description=__doc__)
+    parser = HfArgumentParser(
+        AdaptConfig, prog="python -m dpo_inv.adapt", description=__doc__, formatter_class=_HelpFormatter
+    )
     parser.add_argument("labelled_file", nargs="?", metavar="LABELLED_FILE", help="The labelled sequences.")
     config, *extra, remaining = parser.parse_args_into_dataclasses(args, return_remaining_strings=True)
     if remaining:
@@ -47,9 +55,11 @@ def main(args: list[str] | None = None) -> None:
     except (DataError, StructureError, FileNotFoundError, ValueError) as err:
         if config.debug:
             traceback.print_exc()
-        print(f"error: {err}", file=sys.stderr)
+        if PartialState().is_main_process:
+            print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
-    print("\n".join(summary_lines(report)))
+    if PartialState().is_main_process:
+        print("\n".join(summary_lines(report)))
 
 
 if __name__ == "__main__":

@@ -108,31 +108,38 @@ def run_domain(domain: str, args: argparse.Namespace, done: set, output) -> None
 
 
 def summary(path: Path) -> None:
+    """The table of docs/adapt.md: per N, each method's mean Spearman over domains and draws, ± the standard
+    deviation of the per-draw means (over seeds); then adapt − augmented per domain, its mean ± standard
+    deviation over domains, and how often adapt ranks better."""
     lines = [json.loads(line) for line in path.read_text().splitlines()]
     print(
-        "| N | runs (domains x seeds) | "
+        "| N | domains x draws | "
         + " | ".join(METHODS)
-        + " | adapt > augmented | kept start | adapt time (s) |"
+        + " | adapt − augmented (± over domains) | adapt better |"
     )
-    print("|---" * (len(METHODS) + 5) + "|")
+    print("|---" * (len(METHODS) + 4) + "|")
     for n in sorted({line["n"] for line in lines}):
         rows = [line for line in lines if line["n"] == n]
-        domains = len({r["domain"] for r in rows})
-        # spread over seeds: the standard deviation of the per-seed means over domains
+        domains = sorted({r["domain"] for r in rows})
+        seeds = sorted({r["seed"] for r in rows})
         cells = []
         for name in METHODS:
-            per_seed = [
-                np.mean([r[name] for r in rows if r["seed"] == s]) for s in sorted({r["seed"] for r in rows})
-            ]
+            per_seed = [np.mean([r[name] for r in rows if r["seed"] == s]) for s in seeds]
             cells.append(f"{np.mean([r[name] for r in rows]):.3f} ± {np.std(per_seed):.3f}")
-        wins = np.mean([r["adapt"] > r["augmented"] for r in rows])
-        kept = np.mean([r["decision"] != "adapted" for r in rows])
-        time_s = np.median([r["adapt_seconds"] for r in rows])
+        gain = [np.mean([r["adapt"] - r["augmented"] for r in rows if r["domain"] == d]) for d in domains]
+        better = np.mean([r["adapt"] > r["augmented"] for r in rows])
         print(
-            f"| {n} | {len(rows)} ({domains} x {len(rows) // domains}) | "
+            f"| {n} | {len(domains)} x {len(rows) / len(domains):.3g} | "
             + " | ".join(cells)
-            + f" | {wins:.0%} | {kept:.0%} | {time_s:.0f} |"
+            + f" | {np.mean(gain):+.3f} ± {np.std(gain):.3f} | {better:.0%} |"
         )
+    kept = {
+        n: np.mean([r["decision"] != "adapted" for r in lines if r["n"] == n])
+        for n in sorted({r["n"] for r in lines})
+    }
+    seconds = {n: np.median([r["adapt_seconds"] for r in lines if r["n"] == n]) for n in kept}
+    print("starting model kept: " + ", ".join(f"N={n} {v:.0%}" for n, v in kept.items()))
+    print("median seconds of choose-and-train: " + ", ".join(f"N={n} {v:.0f}" for n, v in seconds.items()))
 
 
 def main() -> None:

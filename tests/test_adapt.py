@@ -148,12 +148,15 @@ def test_adapt_keeps_the_starting_model_when_labels_say_nothing(tmp_path):
         ("nan", "label must be a finite number"),
         ("no_wildtype", "missing wildtype_seq"),
         ("model", "as an official ProteinMPNN checkpoint"),
+        ("folds", "--num_folds 1: cross-validation needs at least 2 folds"),
     ],
 )
 def test_bad_input_is_one_line_naming_the_file_and_exit_2(tmp_path, case, expected):
     rows = domain_rows(30)
-    model = "vanilla/v_48_020"
-    if case == "few":
+    model, options = "vanilla/v_48_020", []
+    if case == "folds":
+        options = ["--num_folds", "1"]
+    elif case == "few":
         rows = rows[:3]
     elif case == "constant":
         rows = [{**r, "label": 1.0} for r in rows]
@@ -161,10 +164,10 @@ def test_bad_input_is_one_line_naming_the_file_and_exit_2(tmp_path, case, expect
         rows[4]["label"] = float("nan")
     elif case == "no_wildtype":
         del rows[2]["wildtype_seq"]
-    else:
+    elif case == "model":
         model = str(write(tmp_path / "not_a_model.json", [{"hello": 1}]))
     labelled = write(tmp_path / "labelled.jsonl", rows)
-    result = run(str(labelled), "--output_dir", str(tmp_path / "out"), "--model", model)
+    result = run(str(labelled), "--output_dir", str(tmp_path / "out"), "--model", model, *options)
     assert result.returncode == 2, result.stderr
     lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert len(lines) == 1 and expected in lines[0], result.stderr

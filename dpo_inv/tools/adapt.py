@@ -15,7 +15,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -69,13 +69,13 @@ class AdaptConfig:
         metadata={"help": "Training lengths (optimizer steps) cross-validation tries."},
     )
     beta: float = field(default=0.1, metadata={"help": "DPO's β."})
-    loss_type: str = field(
+    loss_type: Literal["sigmoid", "ipo", "hinge", "robust"] = field(
         default="sigmoid", metadata={"help": "sigmoid, ipo, hinge or robust (TRL's names)."}
     )
     min_labels: int = field(
         default=20, metadata={"help": "Fewer labelled sequences than this: keep the starting model."}
     )
-    decoding_order: str = field(
+    decoding_order: Literal["left_to_right", "random"] = field(
         default="left_to_right",
         metadata={"help": "left_to_right or random: the order of the other residues in the estimator."},
     )
@@ -372,10 +372,23 @@ def choose_and_train(
     return Adapted(model, decision, best, grid, start, adapted, ridge, start_mean, ridge_mean)
 
 
+def check_options(config: AdaptConfig) -> None:
+    """Options that would train the wrong thing: a `ValueError` names the option and the fix."""
+    if config.num_folds < 2:
+        raise ValueError(f"--num_folds {config.num_folds}: cross-validation needs at least 2 folds")
+    if not config.learning_rates or min(config.learning_rates) <= 0:
+        raise ValueError(f"--learning_rates {config.learning_rates}: give one or more positive rates")
+    if not config.max_steps or min(config.max_steps) < 1:
+        raise ValueError(f"--max_steps {config.max_steps}: give one or more positive numbers of steps")
+    if config.beta <= 0:
+        raise ValueError(f"--beta {config.beta}: β must be positive")
+
+
 def adapt(config: AdaptConfig) -> dict[str, Any]:
     """Adapt ``config.model`` to the labelled sequences of ``config.data``: save the model to ship as
     ``output_dir/final`` and write ``output_dir/adapt.json``; returns that report."""
     start_time = time.time()
+    check_options(config)
     torch.set_num_threads(threads_per_process(setup_environment().local_world_size))
     state = PartialState()
     device = resolve_device(config.device) if config.device or state.num_processes == 1 else state.device
