@@ -15,36 +15,22 @@ the folds are shared out over the processes.
 
 from __future__ import annotations
 
-import argparse
 import sys
 import traceback
 
 import datasets
 from accelerate import PartialState
-from transformers import HfArgumentParser
 
+from dpo_inv.cli import parse_with_file
 from dpo_inv.data.records import DataError
 from dpo_inv.structures.parse import StructureError
 from dpo_inv.tools.adapt import AdaptConfig, adapt, summary_lines
 
 
-class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
-    pass
-
-
 def parse_args(args: list[str] | None = None) -> AdaptConfig:
-    parser = HfArgumentParser(
-        AdaptConfig, prog="python -m dpo_inv.adapt", description=__doc__, formatter_class=_HelpFormatter
+    return parse_with_file(
+        AdaptConfig, args, "python -m dpo_inv.adapt", __doc__, "LABELLED_FILE", "labelled sequences"
     )
-    parser.add_argument("labelled_file", nargs="?", metavar="LABELLED_FILE", help="The labelled sequences.")
-    config, *extra, remaining = parser.parse_args_into_dataclasses(args, return_remaining_strings=True)
-    if remaining:
-        parser.error(f"unrecognized arguments: {' '.join(remaining)}")
-    labelled_file = extra[0].labelled_file if extra else None
-    if (labelled_file is None) == (config.data is None):
-        parser.error("give the labelled sequences once: LABELLED_FILE or --data")
-    config.data = config.data or labelled_file
-    return config
 
 
 def main(args: list[str] | None = None) -> None:

@@ -13,34 +13,20 @@ each, and the exit status is 2.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import traceback
 
 import datasets
-from transformers import HfArgumentParser
 
+from dpo_inv.cli import parse_with_file
 from dpo_inv.tools.pairs import PairsConfig, make_pairs
 
 
-class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
-    pass
-
-
 def parse_args(args: list[str] | None = None) -> PairsConfig:
-    parser = HfArgumentParser(
-        PairsConfig, prog="python -m dpo_inv.pairs", description=__doc__, formatter_class=_HelpFormatter
+    return parse_with_file(
+        PairsConfig, args, "python -m dpo_inv.pairs", __doc__, "SCORED_FILE", "scored sequences"
     )
-    parser.add_argument("scored_file", nargs="?", metavar="SCORED_FILE", help="The scored sequences.")
-    config, *extra, remaining = parser.parse_args_into_dataclasses(args, return_remaining_strings=True)
-    if remaining:
-        parser.error(f"unrecognized arguments: {' '.join(remaining)}")
-    scored_file = extra[0].scored_file if extra else None
-    if (scored_file is None) == (config.data is None):
-        parser.error("give the scored sequences file once: SCORED_FILE or --data")
-    config.data = config.data or scored_file
-    return config
 
 
 def main(args: list[str] | None = None) -> None:

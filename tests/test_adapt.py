@@ -116,6 +116,13 @@ def test_adapt_end_to_end_writes_a_model_that_score_reads(tmp_path):
     adapted, base = load_model(tmp_path / "out" / "final"), load_model("vanilla/v_48_020")
     changed = {n for n, p in adapted.state_dict().items() if not torch.equal(p, base.state_dict()[n])}
     assert changed and all(n.startswith(("decoder_layers.2.", "W_out.")) for n in changed)
+    # a saved model (e.g. outputs/stability/final) is a starting model too
+    saved = str(tmp_path / "out" / "final")
+    again = run(str(labelled), "--output_dir", str(tmp_path / "again"), "--model", saved, *QUICK)
+    assert again.returncode == 0, again.stderr
+    stacked = json.loads((tmp_path / "again" / "adapt.json").read_text())
+    assert stacked["model"] == saved
+    assert stacked["cv_spearman_start"] != report["cv_spearman_start"]
 
 
 def test_adapt_keeps_the_starting_model_when_labels_say_nothing(tmp_path):
