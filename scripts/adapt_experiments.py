@@ -62,7 +62,7 @@ def run_domain(domain: str, args: argparse.Namespace, done: set, output) -> None
     (evaluation,) = variant_sets(
         model, data, labels, AdaptConfig(data=str(file), decoding_order="random"), torch.device("cpu")
     )
-    tokens = np.stack([np.asarray(data.pairs[i]["chosen"]) for i in range(len(records))])
+    tokens = full.variants  # records in file order: one structure, one wild type
     base = evaluation.reference.numpy()
     for n in args.sizes:
         for seed in args.seeds:
@@ -71,7 +71,7 @@ def run_domain(domain: str, args: argparse.Namespace, done: set, output) -> None
             start = time.time()
             rows = np.random.default_rng(seed).permutation(len(records))
             train, test = rows[:n], rows[n:]
-            result = choose_and_train(model, [full.subset(train)], data, config)
+            result = choose_and_train(model, [full.subset(train)], config)
             seconds = time.time() - start
             with torch.no_grad():
                 adapted = evaluation.deltas(result.model).numpy()
@@ -102,7 +102,7 @@ def run_domain(domain: str, args: argparse.Namespace, done: set, output) -> None
             output.write(json.dumps(line) + "\n")
             output.flush()
             print(
-                json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in line.items()}),
+                json.dumps({k: float(f"{v:.3g}") if isinstance(v, float) else v for k, v in line.items()}),
                 flush=True,
             )
 

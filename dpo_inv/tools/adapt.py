@@ -10,7 +10,6 @@ layer, and cross-validation over a grid of learning rates and lengths takes seco
 from __future__ import annotations
 
 import copy
-import math
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -24,7 +23,7 @@ from accelerate.utils import gather_object
 
 from dpo_inv.data.batches import PreferenceDataset, collate
 from dpo_inv.data.dataset import SEQUENCE_FIELDS, PairDataset, load_pairs
-from dpo_inv.data.records import MAX_REPORTED_ERRORS, DataError, load_records, write_json
+from dpo_inv.data.records import DataError, write_json
 from dpo_inv.models.mpnn import ProteinMPNN, derive_seed
 from dpo_inv.models.variants import (
     ConditionalStates,
@@ -34,6 +33,7 @@ from dpo_inv.models.variants import (
     mean_and_median,
     round_metric,
     spearman_by_structure,
+    variant_labels,
 )
 from dpo_inv.models.weights import LIGAND_CONTEXT_HELP, LIGAND_EXCLUDE_HELP, load_model, model_parse_options
 from dpo_inv.tools.folds import assign_folds, variant_groups
@@ -94,6 +94,8 @@ class VariantSet:
     structure_id: int
     records: np.ndarray  # indices into the data file, in file order
     labels: np.ndarray
+    variants: np.ndarray  # [records, L] tokens of each sequence
+    wildtype: np.ndarray  # [L] tokens of the wild type
     states: ConditionalStates  # decoder states below the last layer, one pass per substituted position
     changes: torch.Tensor  # sparse [records, positions * vocab]: +1 at (p, variant_p), -1 at (p, wildtype_p)
     reference: torch.Tensor  # delta_logp of each record under the starting model
@@ -110,34 +112,12 @@ class VariantSet:
             self.structure_id,
             self.records[rows],
             self.labels[rows],
+            self.variants[rows],
+            self.wildtype,
             self.states,
             self.changes.index_select(0, index).coalesce(),
             self.reference[index],
         )
-
-
-def read_labels(path: str, config: AdaptConfig) -> np.ndarray:
-    """The label of every record, oriented so that higher is better; a `DataError` names every record
-    without a usable label or wild type."""
-    labels, errors = [], []
-    for record in load_records(path):
-        data = record.data or {}
-        value = data.get(config.score_field)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            errors.append(
-                f"{record.location}: {config.score_field} must be a finite number, got {value!r}; fix the "
-                "record or name the label's field with --score_field"
-            )
-        elif not data.get("wildtype_seq"):
-            errors.append(
-                f"{record.location}: missing wildtype_seq: adapt scores each sequence against its wild type "
-                "(for designs, the backbone's native or parent sequence)"
-            )
-        else:
-            labels.append(-float(value) if config.lower_is_better else float(value))
-    if errors:
-        raise DataError("\n".join(errors[:MAX_REPORTED_ERRORS]))
-    return np.array(labels)
 
 
 def variant_sets(
@@ -158,10 +138,10 @@ def variant_sets(
         row = {p: i for i, p in enumerate(positions)}
         vocab = model.config.vocab_size
         wildtype = batch["rejected"][0].cpu().numpy()
+        variants = np.stack([np.asarray(dataset.pairs[record]["chosen"]) for record in group.records])
         index, value = [], []
-        for r, record in enumerate(group.records):
-            variant = np.asarray(dataset.pairs[record]["chosen"])
-            for p in np.flatnonzero(variant != wildtype[: len(variant)]):
+        for r, variant in enumerate(variants):
+            for p in np.flatnonzero(variant != wildtype):
                 index += [(r, row[p] * vocab + variant[p]), (r, row[p] * vocab + wildtype[p])]
                 value += [1.0, -1.0]
         changes = torch.sparse_coo_tensor(
@@ -174,6 +154,8 @@ def variant_sets(
             group.structure_id,
             np.array(group.records),
             labels[group.records],
+            variants,
+            wildtype,
             states,
             changes,
             torch.empty(0),
@@ -245,15 +227,12 @@ def mean_spearman(values: Sequence[np.ndarray], sets: Sequence[VariantSet]) -> t
     return mean_and_median(table)[0], table
 
 
-def ridge_out_of_fold(
-    sets: Sequence[VariantSet], data: PairDataset, folds: Sequence[np.ndarray], seed: int
-) -> list[np.ndarray]:
+def ridge_out_of_fold(sets: Sequence[VariantSet], folds: Sequence[np.ndarray], seed: int) -> list[np.ndarray]:
     """Out-of-fold predictions of the augmented ridge model (one-hot + the starting model's `delta_logp`),
     fitted per set on the other folds."""
     predictions = []
     for variant_set, fold in zip(sets, folds, strict=True):
-        tokens = np.stack([np.asarray(data.pairs[int(r)]["chosen"]) for r in variant_set.records])
-        features = augmented_features(tokens, variant_set.reference.cpu().numpy())
+        features = augmented_features(variant_set.variants, variant_set.reference.cpu().numpy())
         predicted = variant_set.reference.cpu().numpy().astype(np.float64).copy()
         for k in np.unique(fold):
             held_out = fold == k
@@ -318,11 +297,11 @@ def cross_validate(
     return grid, out_of_fold
 
 
-def fold_sets(sets: Sequence[VariantSet], data: PairDataset, num_folds: int, seed: int) -> list[np.ndarray]:
+def fold_sets(sets: Sequence[VariantSet], num_folds: int, seed: int) -> list[np.ndarray]:
     """The fold of every record of each set (`dpo_inv.tools.folds`: grouped by position or near-duplicate)."""
     groups = variant_groups(
-        [np.asarray(data.pairs[int(r)]["chosen"]) for s in sets for r in s.records],
-        [np.asarray(data.pairs[int(r)]["rejected"]) for s in sets for r in s.records],
+        [variant for s in sets for variant in s.variants],
+        [s.wildtype for s in sets for _ in s.records],
         [s.structure_id for s in sets for _ in s.records],
     )
     fold_of = assign_folds(groups, num_folds, seed)
@@ -345,16 +324,14 @@ class Adapted:
     ridge_mean: float
 
 
-def choose_and_train(
-    model: ProteinMPNN, sets: list[VariantSet], data: PairDataset, config: AdaptConfig
-) -> Adapted:
+def choose_and_train(model: ProteinMPNN, sets: list[VariantSet], config: AdaptConfig) -> Adapted:
     """Cross-validate the grid, then train on every label with the best configuration; the starting model
     is kept with too few labels or no cross-validated gain."""
-    folds = fold_sets(sets, data, config.num_folds, config.seed)
+    folds = fold_sets(sets, config.num_folds, config.seed)
     grid, out_of_fold = cross_validate(model, sets, folds, config)
     best = max(grid, key=lambda c: (c.spearman, -c.max_steps))
     start_mean, start = mean_spearman([s.reference.cpu().numpy() for s in sets], sets)
-    ridge_mean, ridge = mean_spearman(ridge_out_of_fold(sets, data, folds, config.seed), sets)
+    ridge_mean, ridge = mean_spearman(ridge_out_of_fold(sets, folds, config.seed), sets)
     _, adapted = mean_spearman(out_of_fold[best.learning_rate][best.max_steps], sets)
     count = sum(len(s.records) for s in sets)
     if count < config.min_labels:
@@ -392,14 +369,14 @@ def adapt(config: AdaptConfig) -> dict[str, Any]:
     torch.set_num_threads(threads_per_process(setup_environment().local_world_size))
     state = PartialState()
     device = resolve_device(config.device) if config.device or state.num_processes == 1 else state.device
-    labels = read_labels(config.data, config)
+    labels = np.array(variant_labels(config.data, config.score_field, config.lower_is_better))
     options = model_parse_options(config.model, None, config.ligand_context, config.ligand_exclude)
     with state.main_process_first():
         data = load_pairs(config.data, config.cache_dir, fields=SEQUENCE_FIELDS, options=options)
     model = load_model(config.model).to(device)
     sets = variant_sets(model, data, labels, config, device)
     check_labels(sets, data, config)
-    result = choose_and_train(model, sets, data, config)
+    result = choose_and_train(model, sets, config)
     final = Path(config.output_dir) / "final"
     if state.is_main_process:
         result.model.save_pretrained(final)
