@@ -24,7 +24,7 @@ from accelerate import PartialState
 from dpo_inv.cli import parse_with_file
 from dpo_inv.data.records import DataError
 from dpo_inv.structures.parse import StructureError
-from dpo_inv.tools.adapt import AdaptConfig, adapt, summary_lines
+from dpo_inv.tools.adapt import AdaptConfig, adapt_file, summary_lines
 
 
 def parse_args(args: list[str] | None = None) -> AdaptConfig:
@@ -37,7 +37,7 @@ def main(args: list[str] | None = None) -> None:
     config = parse_args(args)
     datasets.disable_progress_bars()
     try:
-        report = adapt(config)
+        report = adapt_file(config)
     except (DataError, StructureError, FileNotFoundError, ValueError) as err:
         if config.debug:
             traceback.print_exc()

@@ -20,7 +20,7 @@ import traceback
 import datasets
 
 from dpo_inv.cli import parse_with_file
-from dpo_inv.tools.pairs import PairsConfig, make_pairs
+from dpo_inv.tools.pairs import PairsConfig, pairs_file
 
 
 def parse_args(args: list[str] | None = None) -> PairsConfig:
@@ -33,7 +33,7 @@ def main(args: list[str] | None = None) -> None:
     config = parse_args(args)
     datasets.disable_progress_bars()
     try:
-        summary = make_pairs(config)
+        summary = pairs_file(config)
     except ValueError as err:  # DataError: one line per bad record, each naming the file, the record, the fix
         if config.debug:
             traceback.print_exc()

@@ -13,16 +13,19 @@ a last sampling pass scores the final model. Under `output_dir`:
 
 from __future__ import annotations
 
-from dpo_inv.tools.rounds import RoundsConfig, run_rounds
-from dpo_inv.training.config import EPILOG, ConfigParser
+from trl import TrlParser
+
+from dpo_inv.tools.rounds import RoundsConfig, check_reward, rounds
+from dpo_inv.training.config import EPILOG
 from dpo_inv.training.stopping import run_job
 
 
 def parse_rounds_config(args: list[str] | None = None) -> RoundsConfig:
     """`--config FILE.yaml` plus `--field value` overrides; a bad value exits with status 2 in one line."""
-    parser = ConfigParser(dataclass_types=[RoundsConfig], epilog=EPILOG, prog="python -m dpo_inv.rounds")
+    parser = TrlParser(dataclass_types=[RoundsConfig], epilog=EPILOG, prog="python -m dpo_inv.rounds")
     try:
         (config,) = parser.parse_args_and_config(args)
+        check_reward(config, None)
     except ValueError as err:
         parser.error(str(err))
     return config
@@ -30,7 +33,7 @@ def parse_rounds_config(args: list[str] | None = None) -> RoundsConfig:
 
 def main(args: list[str] | None = None) -> None:
     config = parse_rounds_config(args)
-    run_job(lambda: run_rounds(config), config.debug)
+    run_job(lambda: rounds(config), config.debug)
 
 
 if __name__ == "__main__":

@@ -15,14 +15,14 @@ import sys
 
 from transformers import HfArgumentParser
 
-from dpo_inv.tools.sample import SampleConfig, sample
+from dpo_inv.tools.sample import SampleConfig, sample_file
 
 
 def main(args: list[str] | None = None) -> None:
     parser = HfArgumentParser(SampleConfig)
     try:
         (config,) = parser.parse_args_into_dataclasses(args)
-        sample(config)
+        sample_file(config)
     except (ValueError, OSError) as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)

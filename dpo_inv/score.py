@@ -22,14 +22,14 @@ from transformers import HfArgumentParser
 
 from dpo_inv.data.records import DataError
 from dpo_inv.structures.parse import StructureError
-from dpo_inv.tools.score import ScoreConfig, score
+from dpo_inv.tools.score import ScoreConfig, score_file
 
 
 def main(args: list[str] | None = None) -> None:
     (config,) = HfArgumentParser(ScoreConfig).parse_args_into_dataclasses(args)
     datasets.disable_progress_bars()
     try:
-        summary = score(config)
+        summary = score_file(config)
     except (DataError, StructureError, FileNotFoundError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)

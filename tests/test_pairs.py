@@ -13,7 +13,7 @@ from conftest import EXAMPLE, ROOT, SHARED
 
 from dpo_inv.data.dataset import load_pairs
 from dpo_inv.data.records import DataError
-from dpo_inv.tools.pairs import PairsConfig, make_pairs
+from dpo_inv.tools.pairs import PairsConfig, pairs_file
 
 STABILITY = SHARED / "stability" / "train.jsonl"
 
@@ -62,7 +62,7 @@ def read(path: Path) -> list[dict]:
 def run(tmp_path: Path, rows: list[dict], cache: Path, **options) -> tuple[dict, list[dict]]:
     data = write(tmp_path / "in" / "scored.jsonl", rows)
     output = tmp_path / "out" / "pairs.jsonl"
-    summary = make_pairs(PairsConfig(output=str(output), data=str(data), cache_dir=str(cache), **options))
+    summary = pairs_file(PairsConfig(output=str(output), data=str(data), cache_dir=str(cache), **options))
     return summary, read(output)
 
 
@@ -159,7 +159,7 @@ def test_csv_gives_the_same_pairs(tmp_path, cache):
     data = tmp_path / "in" / "scored.csv"
     pandas.DataFrame(rows).to_csv(data, index=False)
     output = tmp_path / "out" / "csv.jsonl"
-    make_pairs(PairsConfig(output=str(output), data=str(data), strategy="all", cache_dir=str(cache)))
+    pairs_file(PairsConfig(output=str(output), data=str(data), strategy="all", cache_dir=str(cache)))
     assert read(output) == expected
 
 

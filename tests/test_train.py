@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 from dpo_inv.data.batches import PreferenceDataset, collate
 from dpo_inv.data.dataset import load_pairs
 from dpo_inv.models.weights import load_model
-from dpo_inv.tools.score import ScoreConfig, score
+from dpo_inv.tools.score import ScoreConfig, score_file
 from dpo_inv.training.config import DPOConfig
 from dpo_inv.training.loss import batch_ranks, pair_logps
 
@@ -152,7 +152,7 @@ def test_training_learns_the_preference(tmp_path):
     assert {"loss.png", "reward_accuracy.png", "reward_margin.png", "logps.png", "learning_rate.png"} <= plots
 
     # the score command reports the preference accuracy of the trainer's eval pass
-    summary = score(
+    summary = score_file(
         ScoreConfig(data=str(eval_file), output=str(tmp_path / "scores.jsonl"), model=str(output / "final"),
                     reference="vanilla/v_48_020", seed=config.seed, cache_dir=str(tmp_path / "cache"))
     )  # fmt: skip

@@ -15,9 +15,9 @@ from dpo_inv.data.batches import PreferenceDataset, collate
 from dpo_inv.data.dataset import LABEL_FIELDS, load_pairs
 from dpo_inv.data.records import DataError
 from dpo_inv.models.weights import load_model
-from dpo_inv.tools.pairs import PairsConfig, make_pairs
+from dpo_inv.tools.pairs import PairsConfig, pairs_file
 from dpo_inv.tools.rewards import exposed_hydrophobic
-from dpo_inv.tools.score import ScoreConfig, score
+from dpo_inv.tools.score import ScoreConfig, score_file
 from dpo_inv.training import kto
 from dpo_inv.training.loss import (
     PairLogps,
@@ -219,7 +219,7 @@ def test_labels_from_score_or_quantile(tmp_path, cache_dir):
     scored = EXAMPLE / "scores" / "val.jsonl"
     rows = [json.loads(line) for line in scored.read_text().splitlines()]
     output = tmp_path / "labelled.jsonl"
-    summary = make_pairs(
+    summary = pairs_file(
         PairsConfig(output=str(output), data=str(scored), labels_from_quantile=0.5, cache_dir=str(cache_dir))
     )
     labelled = [json.loads(line) for line in output.read_text().splitlines()]
@@ -229,17 +229,17 @@ def test_labels_from_score_or_quantile(tmp_path, cache_dir):
         assert sum(r["label"] for r in group) * 2 == len(group)
         assert min(r["score"] for r in group if r["label"]) > max(r["score"] for r in group if not r["label"])
     options = {"output": str(output), "data": str(scored), "cache_dir": str(cache_dir)}
-    make_pairs(PairsConfig(**options, labels_from_score=-0.3))
+    pairs_file(PairsConfig(**options, labels_from_score=-0.3))
     labelled = [json.loads(line) for line in output.read_text().splitlines()]
     assert [r["label"] for r in labelled] == [r["score"] >= -0.3 for r in rows]
-    make_pairs(PairsConfig(**options, labels_from_score=-0.3, lower_is_better=True))
+    pairs_file(PairsConfig(**options, labels_from_score=-0.3, lower_is_better=True))
     assert [json.loads(line)["label"] for line in output.read_text().splitlines()] == [
         r["score"] <= -0.3 for r in rows
     ]
     with pytest.raises(DataError, match=f"{scored}: every one of the 76 sequences is undesirable"):
-        make_pairs(PairsConfig(**options, labels_from_score=5))
+        pairs_file(PairsConfig(**options, labels_from_score=5))
     with pytest.raises(ValueError, match="not both"):
-        make_pairs(PairsConfig(**options, labels_from_score=0, labels_from_quantile=0.5))
+        pairs_file(PairsConfig(**options, labels_from_score=0, labels_from_quantile=0.5))
 
 
 def test_the_example_oracle_scores_the_example_data():
@@ -336,8 +336,8 @@ def test_kto_and_residpo_raise_held_out_reward_accuracy(tmp_path, train_file, op
         *options,
     )
     eval_file, cache = EXAMPLE / "pairs" / "val.jsonl", str(tmp_path / "cache")
-    base = score(ScoreConfig(data=str(eval_file), output=str(tmp_path / "base.jsonl"), cache_dir=cache))
-    tuned = score(
+    base = score_file(ScoreConfig(data=str(eval_file), output=str(tmp_path / "base.jsonl"), cache_dir=cache))
+    tuned = score_file(
         ScoreConfig(
             data=str(eval_file),
             output=str(tmp_path / "tuned.jsonl"),

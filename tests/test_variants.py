@@ -15,7 +15,7 @@ from dpo_inv.data.dataset import SEQUENCE_FIELDS, load_pairs
 from dpo_inv.models.variants import conditional_deltas, spearman, spearman_by_structure
 from dpo_inv.models.weights import load_model
 from dpo_inv.structures.parse import parse_structure
-from dpo_inv.tools.score import ScoreConfig, score
+from dpo_inv.tools.score import ScoreConfig, score_file
 
 
 def write(path, rows) -> str:
@@ -37,11 +37,11 @@ def test_conditional_equals_full_sequence_with_the_substitution_decoded_last(tmp
     expected = []
     for i, row in enumerate(full):  # one record per file: the random orders of both paths use its seed
         out = tmp_path / f"full{i}.jsonl"
-        score(ScoreConfig(data=write(tmp_path / f"v{i}.jsonl", [row]), output=str(out),
+        score_file(ScoreConfig(data=write(tmp_path / f"v{i}.jsonl", [row]), output=str(out),
                           variant_scoring="full", **common))  # fmt: skip
         expected.append(read(out)[0]["delta_logp"])
         out = tmp_path / f"conditional{i}.jsonl"
-        summary = score(
+        summary = score_file(
             ScoreConfig(data=write(tmp_path / f"c{i}.jsonl", [rows[i]]), output=str(out), **common)
         )
         assert summary["variant_scoring"] == "conditional"
@@ -81,7 +81,7 @@ def test_spearman_per_structure_as_the_field_reports_it(tmp_path):
     out, table = tmp_path / "scores.jsonl", tmp_path / "per_structure.jsonl"
     config = ScoreConfig(data=write(tmp_path / "v.jsonl", rows), output=str(out),
                          per_structure_output=str(table), cache_dir=str(tmp_path / "cache"))  # fmt: skip
-    summary = score(config)
+    summary = score_file(config)
     scored = pandas.DataFrame(read(out))
     expected = scored.groupby("domain", sort=False)[["delta_logp", "label"]].corr(method="spearman")
     per_domain = [expected.loc[(d, "delta_logp"), "label"] for d in domains]

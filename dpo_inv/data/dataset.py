@@ -16,7 +16,16 @@ import numpy as np
 
 from dpo_inv.data.featurized import FEATURES_VERSION, build_structures, save_atomically
 from dpo_inv.data.progress import quiet_datasets
-from dpo_inv.data.records import BadRecord, as_list, load_records, raise_bad_records
+from dpo_inv.data.records import (
+    BadRecord,
+    Data,
+    as_list,
+    data_digest,
+    data_name,
+    is_file,
+    load_records,
+    raise_bad_records,
+)
 from dpo_inv.structures.membrane import membrane_labels
 from dpo_inv.structures.parse import ALPHABET, PROTEINMPNN_PARSE, ParseOptions, tokenize
 
@@ -54,7 +63,8 @@ def structure_key(
         )
     if not path.is_file():
         raise ValueError(
-            f"structure file not found: {path} (a relative path is relative to the data file's folder)"
+            f"structure file not found: {path} (a relative path is relative to the data file's folder, or to "
+            "the working directory for records in memory)"
         )
     if not os.access(path, os.R_OK):
         raise ValueError(f"structure file not readable: {path} (permission denied)")
@@ -205,7 +215,7 @@ def _row(data: dict, fields: tuple[str, str], structure: dict, residue: bool) ->
 
 
 def load_pairs(
-    path: str | Path,
+    data: Data,
     cache_dir: str | Path | None = None,
     num_proc: int | None = None,
     fields: tuple[str, str] = PAIR_FIELDS,
@@ -213,10 +223,13 @@ def load_pairs(
     on_bad_record: str = "fail",
     require_residue_scores: bool = False,
     options: ParseOptions = PROTEINMPNN_PARSE,
+    name: str = "records",
 ) -> PairDataset:
-    """Load and validate a preference file. Every record is checked; with `on_bad_record="fail"` all bad
-    records are reported together in one `DataError`, with `"skip"` they are left out and listed in
-    `skipped`. With `structure_roots`, structure files must lie in one of these folders.
+    """Load and validate a preference file, or records in memory (`name` names them in errors; their
+    relative structure paths are relative to the working directory). Every record is checked; with
+    `on_bad_record="fail"` all bad records are reported together in one `DataError`, with `"skip"` they
+    are left out and listed in `skipped`. With `structure_roots`, structure files must lie in one of
+    these folders.
 
     `fields` name the two sequences of a record (stored as `chosen` and `rejected`); with
     `SEQUENCE_FIELDS` a sequences file loads the same way, a missing `wildtype_seq` meaning the sequence;
@@ -226,9 +239,9 @@ def load_pairs(
     """
     if on_bad_record not in ON_BAD_RECORD:
         raise ValueError(f"on_bad_record must be one of {ON_BAD_RECORD}, got {on_bad_record!r}")
-    path = Path(path)
-    records = load_records(path)
-    root = path.resolve().parent
+    records = load_records(data, name)
+    source = data_name(data, name)
+    root = Path(data).resolve().parent if is_file(data) else Path.cwd()
     allowed = [Path(folder).resolve() for folder in structure_roots]
     bad: dict[int, BadRecord] = {}
     keys: dict[tuple[str, tuple[str, ...], tuple[str, ...]], int] = {}
@@ -272,15 +285,14 @@ def load_pairs(
         raise_bad_records([str(b) for b in skipped])
     if not columns["structure_id"]:
         raise_bad_records(
-            [*map(str, skipped), f"{path}: no usable record among {len(records)}; fix the records above"]
+            [*map(str, skipped), f"{source}: no usable record among {len(records)}; fix the records above"]
         )
 
-    # saved beside the structures, under a name that changes with the data file and the options
+    # saved beside the structures, under a name that changes with the data and the options
     digest = hashlib.sha256(
         json.dumps(
-            [FEATURES_VERSION, structures_dir.name, str(path.resolve()), path.stat().st_size,
-             path.stat().st_mtime_ns, fields, [str(a) for a in allowed], on_bad_record,
-             require_residue_scores]
+            [FEATURES_VERSION, structures_dir.name, *data_digest(data, records), str(root), fields,
+             [str(a) for a in allowed], on_bad_record, require_residue_scores]
         ).encode()
     ).hexdigest()[:20]  # fmt: skip
     pairs_dir = structures_dir.parent / f"pairs-{digest}"
@@ -291,7 +303,7 @@ def load_pairs(
     return PairDataset(
         pairs=pairs,
         structures=structures,
-        source=str(path),
+        source=source,
         skipped=skipped,
         files=(str(pairs_dir), str(structures_dir)),
     )

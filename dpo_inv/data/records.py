@@ -1,15 +1,26 @@
-"""Data files (JSON lines, JSON, CSV, Parquet) read into records, and the errors that name a bad record."""
+"""Data files (JSON lines, JSON, CSV, Parquet) or data in memory (a list of dicts, a pandas DataFrame, a
+`datasets.Dataset`) read into records, and the errors that name a bad record."""
 
 from __future__ import annotations
 
 import csv
+import hashlib
 import json
+import math
+import os
 import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Union
 
 import datasets
+
+if TYPE_CHECKING:
+    import pandas
+
+Data = Union[str, os.PathLike, Sequence[Mapping[str, Any]], "pandas.DataFrame", datasets.Dataset]
+"""A data file's path, or its records in memory: a list of dicts, a pandas DataFrame, a `datasets.Dataset`."""
 
 FORMATS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
 MAX_REPORTED_ERRORS = 20
@@ -152,13 +163,69 @@ def _read_table(path: Path, builder: str) -> list[Record]:
     return [Record(f"{path} record {i}", row) for i, row in enumerate(table.to_list())]
 
 
-def load_records(path: str | Path) -> list[Record]:
-    """The records of a JSON lines, JSON (one list), CSV or Parquet file, each with its location.
+def is_file(data: Data) -> bool:
+    """Whether `data` names a file (else it holds the records)."""
+    return isinstance(data, (str, os.PathLike))
+
+
+def _missing_as_none(value: Any) -> Any:
+    """pandas marks a missing cell NaN (or NA, NaT): None, as in a CSV file read by `datasets`."""
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    return None if type(value).__name__ in ("NAType", "NaTType") else value
+
+
+def memory_records(data: Data, name: str) -> list[Record]:
+    """The records of data in memory, each located as `NAME record I` (I: the DataFrame's index label, or
+    the position)."""
+    if type(data).__name__ == "DataFrame":
+        return [
+            Record(f"{name} record {index}", {k: _missing_as_none(v) for k, v in row.items()})
+            for index, row in zip(data.index, data.to_dict("records"), strict=True)
+        ]
+    if isinstance(data, datasets.Dataset):
+        data = data.to_list()
+    if isinstance(data, Mapping) or not isinstance(data, Sequence):
+        raise DataError(
+            f"{name}: expected a file path, a list of dicts, a pandas DataFrame or a datasets.Dataset, got "
+            f"{type(data).__name__}"
+        )
+    return [
+        Record(f"{name} record {i}", dict(row))
+        if isinstance(row, Mapping)
+        else Record(f"{name} record {i}", None, f"expected a dict, got {type(row).__name__}")
+        for i, row in enumerate(data)
+    ]
+
+
+def data_name(data: Data, name: str) -> str:
+    """How errors and reports name `data`: the file's path, or `name` for data in memory."""
+    return os.fspath(data) if is_file(data) else name
+
+
+def data_digest(data: Data, records: list[Record]) -> list:
+    """What identifies `data` in a cache key: a file's path, size and modification time, or a hash of the
+    records in memory."""
+    if is_file(data):
+        path = Path(data)
+        return [str(path.resolve()), path.stat().st_size, path.stat().st_mtime_ns]
+    text = json.dumps([record.data for record in records], sort_keys=True, default=str)
+    return [hashlib.sha256(text.encode()).hexdigest()]
+
+
+def load_records(data: Data, name: str = "records") -> list[Record]:
+    """The records of a JSON lines, JSON (one list), CSV or Parquet file, each with its location; or of
+    data in memory, named `name` in errors.
 
     A JSON line that cannot be read as an object is returned as a record with an `error`; a file that
     cannot be read at all raises `DataError`.
     """
-    path = Path(path)
+    if not is_file(data):
+        records = memory_records(data, name)
+        if not records:
+            raise DataError(f"{name}: empty dataset (no records); add records")
+        return records
+    path = Path(data)
     if not path.is_file():
         raise DataError(f"{path}: data file not found")
     builder = FORMATS.get(path.suffix.lower())
@@ -173,6 +240,16 @@ def load_records(path: str | Path) -> list[Record]:
     if not records:
         raise DataError(f"{path}: empty dataset (no records); add records or give another file")
     return records
+
+
+def as_table(data: Data, rows: list[dict]) -> list[dict] | pandas.DataFrame:
+    """Results for `data`: a DataFrame when `data` is one (with its index when there is one row per
+    record), else the list of dicts."""
+    if type(data).__name__ != "DataFrame":
+        return rows
+    import pandas
+
+    return pandas.DataFrame(rows, index=data.index if len(rows) == len(data) else None)
 
 
 def raise_bad_records(errors: list[str]) -> None:

@@ -16,7 +16,6 @@ import math
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -25,7 +24,7 @@ from accelerate.utils import gather_object
 
 from dpo_inv.data.batches import PreferenceDataset, collate, structure_inputs
 from dpo_inv.data.dataset import PairDataset
-from dpo_inv.data.records import load_records, raise_bad_records
+from dpo_inv.data.records import Data, load_records, raise_bad_records
 from dpo_inv.models.layers import DecoderStates, Encoding
 from dpo_inv.models.mpnn import ProteinMPNN, decoding_ranks, derive_seed
 
@@ -211,19 +210,22 @@ def mean_and_median(table: list[dict]) -> tuple[float, float]:
     return (float(np.mean(defined)), float(np.median(defined))) if defined else (math.nan, math.nan)
 
 
-def variant_labels(path: str | Path, field: str = "label", lower_is_better: bool = False) -> list[float]:
-    """The label (``field``) of every record of a labelled variants file, which must also give a
-    `wildtype_seq`, oriented so that higher is better; a `DataError` names each record without them."""
+def variant_labels(
+    data: Data, field: str = "label", lower_is_better: bool = False, name: str = "records"
+) -> list[float]:
+    """The label (``field``) of every record of labelled variants (a file, or records in memory named
+    ``name``), which must also give a `wildtype_seq`, oriented so that higher is better; a `DataError`
+    names each record without them."""
     labels, errors = [], []
     direction = "lower" if lower_is_better else "higher"
-    for record in load_records(path):
-        data = record.data or {}
-        label = data.get(field)
+    for record in load_records(data, name):
+        row = record.data or {}
+        label = row.get(field)
         if isinstance(label, bool) or not isinstance(label, (int, float)) or not math.isfinite(label):
             errors.append(
                 f"{record.location}: {field} must be a finite number ({direction} = better), got {label!r}"
             )
-        elif not data.get("wildtype_seq"):
+        elif not row.get("wildtype_seq"):
             errors.append(f"{record.location}: missing wildtype_seq: a labelled variant needs its wild type")
         else:
             labels.append(-float(label) if lower_is_better else float(label))

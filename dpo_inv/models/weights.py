@@ -203,3 +203,8 @@ def load_model(name_or_path: str | os.PathLike, **config_overrides: Any) -> Prot
     model = ProteinMPNN(_apply_overrides(config, config_overrides))
     model.load_state_dict(state, strict=True)
     return model.eval()
+
+
+def as_model(model: ProteinMPNN | str | os.PathLike) -> ProteinMPNN:
+    """A model as it is, or the model a name or path loads (:func:`load_model`)."""
+    return model if isinstance(model, ProteinMPNN) else load_model(model)

@@ -14,7 +14,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import numpy as np
 import torch
@@ -23,7 +23,7 @@ from accelerate.utils import gather_object
 
 from dpo_inv.data.batches import PreferenceDataset, collate
 from dpo_inv.data.dataset import SEQUENCE_FIELDS, PairDataset, load_pairs
-from dpo_inv.data.records import DataError, write_json
+from dpo_inv.data.records import Data, DataError, write_json
 from dpo_inv.models.mpnn import ProteinMPNN, derive_seed
 from dpo_inv.models.variants import (
     ConditionalStates,
@@ -35,7 +35,14 @@ from dpo_inv.models.variants import (
     spearman_by_structure,
     variant_labels,
 )
-from dpo_inv.models.weights import LIGAND_CONTEXT_HELP, LIGAND_EXCLUDE_HELP, load_model, model_parse_options
+from dpo_inv.models.weights import (
+    LIGAND_CONTEXT_HELP,
+    LIGAND_EXCLUDE_HELP,
+    as_model,
+    load_model,
+    model_parse_options,
+    parse_options,
+)
 from dpo_inv.tools.folds import assign_folds, variant_groups
 from dpo_inv.tools.ridge import augmented_features, fit_ridge_cv
 from dpo_inv.training.launch import resolve_device, setup_environment, threads_per_process
@@ -248,14 +255,14 @@ def check_labels(sets: Sequence[VariantSet], data: PairDataset, config: AdaptCon
     count = sum(len(s.records) for s in sets)
     if count < config.num_folds:
         raise DataError(
-            f"{config.data}: {count} labelled sequences for {config.num_folds} folds; label at least "
+            f"{data.source}: {count} labelled sequences for {config.num_folds} folds; label at least "
             f"{config.num_folds} sequences or lower --num_folds"
         )
     for variant_set in sets:
         if np.ptp(variant_set.labels) == 0:
             path = data.structures[variant_set.structure_id]["path"]
             raise DataError(
-                f"{config.data}: every label of the {len(variant_set.records)} sequences on {path} is "
+                f"{data.source}: every label of the {len(variant_set.records)} sequences on {path} is "
                 f"{variant_set.labels[0]:g}: a constant label ranks nothing; check --score_field"
             )
 
@@ -361,28 +368,28 @@ def check_options(config: AdaptConfig) -> None:
         raise ValueError(f"--beta {config.beta}: β must be positive")
 
 
-def adapt(config: AdaptConfig) -> dict[str, Any]:
-    """Adapt ``config.model`` to the labelled sequences of ``config.data``: save the model to ship as
-    ``output_dir/final`` and write ``output_dir/adapt.json``; returns that report."""
+def adapt_model(model: ProteinMPNN, data: Data, config: AdaptConfig) -> tuple[ProteinMPNN, dict[str, Any]]:
+    """Adapt `model` to the labelled sequences of `data` (a file or records in memory): save the model to
+    ship as ``output_dir/final`` and write ``output_dir/adapt.json``; returns that model and that report."""
     start_time = time.time()
     check_options(config)
     torch.set_num_threads(threads_per_process(setup_environment().local_world_size))
     state = PartialState()
     device = resolve_device(config.device) if config.device or state.num_processes == 1 else state.device
-    labels = np.array(variant_labels(config.data, config.score_field, config.lower_is_better))
-    options = model_parse_options(config.model, None, config.ligand_context, config.ligand_exclude)
+    labels = np.array(variant_labels(data, config.score_field, config.lower_is_better, name="records"))
+    options = parse_options(model.config, config.ligand_context, config.ligand_exclude)
     with state.main_process_first():
-        data = load_pairs(config.data, config.cache_dir, fields=SEQUENCE_FIELDS, options=options)
-    model = load_model(config.model).to(device)
-    sets = variant_sets(model, data, labels, config, device)
-    check_labels(sets, data, config)
+        loaded = load_pairs(data, config.cache_dir, fields=SEQUENCE_FIELDS, options=options)
+    model = copy.deepcopy(model).to(device)
+    sets = variant_sets(model, loaded, labels, config, device)
+    check_labels(sets, loaded, config)
     result = choose_and_train(model, sets, config)
     final = Path(config.output_dir) / "final"
     if state.is_main_process:
         result.model.save_pretrained(final)
     structures = []
     for start, adapted, ridge in zip(result.start, result.adapted, result.ridge, strict=True):
-        structure = data.structures[start["structure_id"]]
+        structure = loaded.structures[start["structure_id"]]
         structures.append(
             {
                 "pdb_file": structure["path"],
@@ -394,7 +401,7 @@ def adapt(config: AdaptConfig) -> dict[str, Any]:
             }
         )
     report = {
-        "data": config.data,
+        "data": loaded.source,
         "model": config.model,
         "labelled": sum(len(s.records) for s in sets),
         "decision": result.decision,
@@ -408,12 +415,68 @@ def adapt(config: AdaptConfig) -> dict[str, Any]:
         "structures": structures,
         "grid": [{**asdict(c), "spearman": round_metric(c.spearman)} for c in result.grid],
         "seconds": round(time.time() - start_time, 1),
-        "config": asdict(config),
+        "config": {**asdict(config), "data": loaded.source},
     }
     if state.is_main_process:
         write_json(Path(config.output_dir) / "adapt.json", report)
     state.wait_for_everyone()
-    return report
+    return result.model.eval(), report
+
+
+class AdaptOutput(NamedTuple):
+    """What `adapt` returns: the model to use (adapted, or the starting model when adaptation did not help)
+    and the report of adapt.json."""
+
+    model: ProteinMPNN
+    report: dict[str, Any]
+
+
+def adapt(
+    records: Data,
+    model: ProteinMPNN | str = "vanilla/v_48_020",
+    *,
+    output_dir: str = "outputs/adapt",
+    score_field: str = "label",
+    lower_is_better: bool = False,
+    num_folds: int = 5,
+    learning_rates: Sequence[float] = (3e-4,),
+    max_steps: Sequence[int] = (10, 20, 30, 50, 75, 100),
+    beta: float = 0.1,
+    loss_type: Literal["sigmoid", "ipo", "hinge", "robust"] = "sigmoid",
+    min_labels: int = 20,
+    decoding_order: Literal["left_to_right", "random"] = "left_to_right",
+    seed: int = 42,
+    device: str | None = None,
+    cache_dir: str | None = None,
+    ligand_context: bool = True,
+    ligand_exclude: Sequence[str] = (),
+) -> AdaptOutput:
+    """Adapt `model` (a model, or a name or path :func:`load_model` takes) to one protein's labelled
+    variants, as `python -m dpo_inv.adapt` does; `model` itself is not changed.
+
+    `records` is a data file, a list of dicts, a pandas DataFrame or a `datasets.Dataset` of variants with
+    `pdb_file`, chains, `sequence`, `wildtype_seq` and a number in `score_field` (higher = better unless
+    `lower_is_better`). The number of DPO steps and the learning rate are chosen by grouped
+    cross-validation over `learning_rates` x `max_steps`; the starting model is kept with fewer than
+    `min_labels` labels or without a cross-validated gain. Writes `output_dir/final` and
+    `output_dir/adapt.json`; returns the model and that report (cross-validated Spearman of the starting
+    model, the adapted model and augmented ridge, per structure).
+    """
+    name = model if isinstance(model, str) else model.config.name_or_path
+    config = AdaptConfig(output_dir=output_dir, model=str(name), score_field=score_field,
+                         lower_is_better=lower_is_better, num_folds=num_folds,
+                         learning_rates=list(learning_rates), max_steps=list(max_steps), beta=beta,
+                         loss_type=loss_type, min_labels=min_labels, decoding_order=decoding_order,
+                         seed=seed, device=device, cache_dir=cache_dir, ligand_context=ligand_context,
+                         ligand_exclude=list(ligand_exclude))  # fmt: skip
+    return AdaptOutput(*adapt_model(as_model(model), records, config))
+
+
+def adapt_file(config: AdaptConfig) -> dict[str, Any]:
+    """`python -m dpo_inv.adapt`: adapt ``config.model`` to the labelled sequences of ``config.data``;
+    returns the report."""
+    model_parse_options(config.model, None, config.ligand_context, config.ligand_exclude)
+    return adapt_model(load_model(config.model), config.data, config)[1]
 
 
 def summary_lines(report: dict[str, Any]) -> list[str]:

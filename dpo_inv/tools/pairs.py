@@ -1,4 +1,5 @@
-"""Preference pairs, or KTO labels, from scored sequences: what `python -m dpo_inv.pairs` writes."""
+"""Preference pairs, or KTO labels, from scored sequences: `dpo_inv.make_pairs` in Python, and what
+`python -m dpo_inv.pairs` writes."""
 
 from __future__ import annotations
 
@@ -9,15 +10,26 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import datasets
 import numpy as np
 
 from dpo_inv.data.dataset import SEQUENCE_FIELDS, PairDataset, load_pairs, residue_score_list
-from dpo_inv.data.records import DataError, Record, load_records, raise_bad_records, write_jsonl
+from dpo_inv.data.records import (
+    Data,
+    DataError,
+    Record,
+    as_table,
+    load_records,
+    raise_bad_records,
+    write_jsonl,
+)
 from dpo_inv.models.weights import model_parse_options
 from dpo_inv.structures.parse import PROTEINMPNN_PARSE
+
+if TYPE_CHECKING:
+    import pandas
 
 STRATEGIES = {
     "best_vs_worst": "i-th best against i-th worst of each group",
@@ -228,11 +240,14 @@ def _pair_record(pair: Pair, structure: dict, config: PairsConfig) -> dict:
     return out
 
 
-def _structure_fields(structures: datasets.Dataset, sid: int, first: dict, output_dir: Path) -> dict:
-    """pdb_file relative to the output's folder, and the chains as the group's first record gives them."""
+def _structure_fields(structures: datasets.Dataset, sid: int, first: dict, folder: Path | None) -> dict:
+    """pdb_file relative to `folder` (absolute without one), and the chains as the group's first record
+    gives them."""
     row = structures[sid]
     design, fixed = row["design_chains"], row["fixed_chains"]
-    out: dict[str, Any] = {"pdb_file": os.path.relpath(row["path"], output_dir)}
+    out: dict[str, Any] = {
+        "pdb_file": row["path"] if folder is None else os.path.relpath(row["path"], folder)
+    }
     if first.get("chain_id") not in (None, ""):
         out["chain_id"] = design[0]
     else:
@@ -284,21 +299,24 @@ def check_options(config: PairsConfig) -> None:
             )
 
 
-def make_pairs(config: PairsConfig) -> dict:
-    """Read `config.data`, write the pairs to `config.output`, return the summary."""
+def pair_rows(
+    data: Data, config: PairsConfig, folder: Path | None, name: str = "scored"
+) -> tuple[list[dict], dict]:
+    """The pairs (or labelled sequences) of the scored sequences of `data` (a file or records in memory),
+    with `pdb_file` relative to `folder` (absolute without one), and the summary."""
     check_options(config)
-    path = Path(config.data)
-    records = load_records(path)
+    records = load_records(data, name)
     options = model_parse_options(config.model) if config.model else PROTEINMPNN_PARSE
-    loaded = load_pairs(path, config.cache_dir, fields=SEQUENCE_FIELDS, on_bad_record="skip", options=options)
+    loaded = load_pairs(
+        data, config.cache_dir, fields=SEQUENCE_FIELDS, on_bad_record="skip", options=options, name=name
+    )
     groups, merged = read_groups(records, loaded, config)
-    output = Path(config.output)
     rng = random.Random(config.seed)
     structures = loaded.structures.select_columns(["path", "design_chains", "fixed_chains"])
     rows = []
     labelling = config.labels_from_score is not None or config.labels_from_quantile is not None
     for sid, group in groups.items():
-        structure = _structure_fields(structures, sid, group.first, output.resolve().parent)
+        structure = _structure_fields(structures, sid, group.first, folder)
         if labelling:
             labels = group_labels(group.items, config)
             labelled = zip(group.items, labels, strict=True)
@@ -309,39 +327,74 @@ def make_pairs(config: PairsConfig) -> dict:
         if limit is not None and len(pairs) > limit:
             pairs = [pairs[i] for i in sorted(rng.sample(range(len(pairs)), limit))]
         rows += [_pair_record(pair, structure, config) for pair in pairs]
+    summary = {"records": len(records), "groups": len(groups)}
     if labelling:
-        return _write_labelled(rows, path, output, len(records), len(groups), merged)
+        desirable = sum(row["label"] for row in rows)
+        if desirable in (0, len(rows)):
+            label = "desirable" if desirable else "undesirable"
+            raise DataError(
+                f"{loaded.source}: every one of the {len(rows)} sequences is {label}; KTO needs both labels: "
+                "choose another --labels_from_score or --labels_from_quantile"
+            )
+        return rows, {**summary, "sequences": len(rows), "desirable": desirable, "merged_duplicates": merged}
     if not rows:
         raise DataError(
-            f"{path}: no pairs: no two sequences of one group differ in score by > 0 and >= --min_margin "
-            f"{config.min_margin} ({len(records)} records, {len(groups)} groups); give a smaller --min_margin"
+            f"{loaded.source}: no pairs: no two sequences of one group differ in score by > 0 and >= "
+            f"--min_margin {config.min_margin} ({len(records)} records, {len(groups)} groups); give a "
+            "smaller --min_margin"
         )
     mean_margin = sum(row["score_margin"] for row in rows) / len(rows)
     if config.weight_by_margin:
         for row in rows:
             row["weight"] = row["score_margin"] / mean_margin
-    write_jsonl(output, rows)
-    return {
-        "records": len(records),
-        "groups": len(groups),
-        "pairs": len(rows),
-        "merged_duplicates": merged,
-        "mean_margin": float(f"{mean_margin:.4g}"),
-        "strategy": config.strategy,
-        "output": str(output),
-    }
+    return rows, {**summary, "pairs": len(rows), "merged_duplicates": merged,
+                  "mean_margin": float(f"{mean_margin:.4g}"), "strategy": config.strategy}  # fmt: skip
 
 
-def _write_labelled(
-    rows: list[dict], source: Path, output: Path, num_records: int, num_groups: int, merged: int
-) -> dict:
-    desirable = sum(row["label"] for row in rows)
-    if desirable in (0, len(rows)):
-        label = "desirable" if desirable else "undesirable"
-        raise DataError(
-            f"{source}: every one of the {len(rows)} sequences is {label}; KTO needs both labels: choose "
-            "another --labels_from_score or --labels_from_quantile"
-        )
+def make_pairs(
+    scored: Data,
+    strategy: Literal["best_vs_worst", "all", "top_vs_rest", "same_position"] = "best_vs_worst",
+    *,
+    score_field: str = "score",
+    lower_is_better: bool = False,
+    min_margin: float = 0.0,
+    max_pairs_per_structure: int | None = None,
+    top_k: int = 1,
+    wildtype_score: float | None = None,
+    residue_score_field: str | None = None,
+    weight_by_margin: bool = False,
+    labels_from_score: float | None = None,
+    labels_from_quantile: float | None = None,
+    seed: int = 0,
+    model: str | None = None,
+    cache_dir: str | None = None,
+) -> list[dict] | pandas.DataFrame:
+    """Preference pairs from scored sequences, as `python -m dpo_inv.pairs` writes them, or sequences
+    labelled desirable or not (for kto) with `labels_from_score` or `labels_from_quantile`.
+
+    `scored` is a data file, a list of dicts, a pandas DataFrame or a `datasets.Dataset` of sequences with
+    their structure and a number in `score_field` (e.g. the records `dpo_inv.score` or `dpo_inv.sample`
+    return). Sequences are grouped by structure and chains; `strategy` is one of: best_vs_worst (i-th best
+    against i-th worst of each group), all, top_vs_rest (the `top_k` best against the others),
+    same_position (single mutants against other mutants at the same position). A pair needs a score
+    difference > 0 and >= `min_margin`. `pdb_file` is absolute. Returns a DataFrame when `scored` is one,
+    else a list of dicts; bad records raise one `DataError` (a `ValueError`), a line each.
+    """
+    config = PairsConfig(output="", strategy=strategy, score_field=score_field,
+                         lower_is_better=lower_is_better, min_margin=min_margin,
+                         max_pairs_per_structure=max_pairs_per_structure, top_k=top_k,
+                         wildtype_score=wildtype_score, residue_score_field=residue_score_field,
+                         weight_by_margin=weight_by_margin, labels_from_score=labels_from_score,
+                         labels_from_quantile=labels_from_quantile, seed=seed, model=model,
+                         cache_dir=cache_dir)  # fmt: skip
+    rows, _ = pair_rows(scored, config, None)
+    return as_table(scored, rows)
+
+
+def pairs_file(config: PairsConfig) -> dict:
+    """`python -m dpo_inv.pairs`: read `config.data`, write the pairs to `config.output` (pdb_file relative
+    to its folder), return the summary."""
+    output = Path(config.output)
+    rows, summary = pair_rows(config.data, config, output.resolve().parent)
     write_jsonl(output, rows)
-    return {"records": num_records, "groups": num_groups, "sequences": len(rows), "desirable": desirable,
-            "merged_duplicates": merged, "output": str(output)}  # fmt: skip
+    return {**summary, "output": str(output)}

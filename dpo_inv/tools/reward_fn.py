@@ -78,18 +78,23 @@ def _run_command(command: str, records: list[dict]) -> list:
     return values
 
 
-def compute_rewards(records: list[dict], reward: str | None, command: str | None) -> list[float]:
-    """One finite reward per record, from the function `reward` or the shell `command`."""
+def compute_rewards(
+    records: list[dict], reward: str | RewardFunction | None, command: str | None
+) -> list[float]:
+    """One finite reward per record, from the function `reward` (or its `file.py:function` name) or the
+    shell `command`."""
     inputs = [{name: record[name] for name in RECORD_FIELDS} for record in records]
     if command:
         values, source = _run_command(command, inputs), "reward_command"
     else:
+        function = reward if callable(reward) else load_reward(reward)
+        source = f"reward {getattr(reward, '__name__', reward)}"
         try:
-            values, source = load_reward(reward)(inputs), f"reward {reward}"
+            values = function(inputs)
         except RewardError:
             raise
         except Exception as err:
-            raise RewardError(f"reward {reward} raised {type(err).__name__}: {err}") from err
+            raise RewardError(f"{source} raised {type(err).__name__}: {err}") from err
     if not isinstance(values, (list, tuple)) and hasattr(values, "tolist"):
         values = values.tolist()  # a NumPy array or a tensor
     if not isinstance(values, (list, tuple)) or len(values) != len(records):

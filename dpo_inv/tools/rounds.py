@@ -1,4 +1,5 @@
-"""On-policy rounds of sampling, scoring, pairing and training: what `python -m dpo_inv.rounds` runs."""
+"""On-policy rounds of sampling, scoring, pairing and training: `dpo_inv.rounds` in Python, and what
+`python -m dpo_inv.rounds` runs."""
 
 from __future__ import annotations
 
@@ -20,8 +21,8 @@ from dpo_inv.data.records import DataError, write_jsonl
 from dpo_inv.models.mpnn import ProteinMPNN, derive_seed
 from dpo_inv.models.weights import load_model, model_parse_options
 from dpo_inv.structures.parse import ALPHABET
-from dpo_inv.tools.pairs import STRATEGIES, PairsConfig, make_pairs
-from dpo_inv.tools.reward_fn import RewardError, compute_rewards
+from dpo_inv.tools.pairs import STRATEGIES, PairsConfig, pairs_file
+from dpo_inv.tools.reward_fn import RewardError, RewardFunction, compute_rewards
 from dpo_inv.tools.sample import SampleConfig, sample_structure
 from dpo_inv.tools.targets import Targets, load_targets
 from dpo_inv.training.config import EXIT_BAD_INPUT, DPOConfig, field_help
@@ -92,8 +93,6 @@ class RoundsConfig(DPOConfig):
         super().__post_init__()
         if self.targets_file is None:
             raise ValueError("targets_file is required: the design targets, one JSON line each")
-        if (self.reward is None) == (self.reward_command is None):
-            raise ValueError("give either reward (a Python function) or reward_command (a shell command)")
         for name in ("num_rounds", "sampling_batch_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1")
@@ -161,14 +160,16 @@ def sample_targets(
     return sorted(gathered, key=lambda r: (r["target"], r["sample"]))
 
 
-def score_samples(accelerator: Accelerator, config: RoundsConfig, sampled: Pass) -> None:
+def score_samples(
+    accelerator: Accelerator, config: RoundsConfig, sampled: Pass, reward: RewardFunction | None
+) -> None:
     """Rank 0 saves the samples, computes their rewards, and saves them again with the rewards. A reward
     that fails stops every rank, rank 0 naming the round and the record; the samples stay saved."""
     failure = None
     if accelerator.is_main_process:
         write_jsonl(sampled.samples_file, sampled.samples)
         try:
-            rewards = compute_rewards(sampled.samples, config.reward, config.reward_command)
+            rewards = compute_rewards(sampled.samples, reward or config.reward, config.reward_command)
             for sample, reward in zip(sampled.samples, rewards, strict=True):
                 sample["reward"] = reward
             write_jsonl(sampled.samples_file, sampled.samples)
@@ -184,7 +185,12 @@ def score_samples(accelerator: Accelerator, config: RoundsConfig, sampled: Pass)
 
 
 def sampling_pass(
-    accelerator: Accelerator, config: RoundsConfig, policy: ProteinMPNN, targets: Targets, k: int
+    accelerator: Accelerator,
+    config: RoundsConfig,
+    policy: ProteinMPNN,
+    targets: Targets,
+    k: int,
+    reward: RewardFunction | None,
 ) -> Pass:
     """Round k's samples with their rewards: those an interrupted run saved, else new ones."""
     sampled = Pass(k, round_dir(config, k))
@@ -194,7 +200,7 @@ def sampling_pass(
     else:
         sampled.samples = sample_targets(accelerator, policy, targets, config, k)
     if any("reward" not in s for s in sampled.samples):
-        score_samples(accelerator, config, sampled)
+        score_samples(accelerator, config, sampled, reward)
     return sampled
 
 
@@ -219,7 +225,7 @@ def training_file(accelerator: Accelerator, config: RoundsConfig, sampled: Pass)
             cache_dir=config.cache_dir,
         )
         try:
-            count = make_pairs(options)["sequences" if config.unpaired else "pairs"]
+            count = pairs_file(options)["sequences" if config.unpaired else "pairs"]
         except DataError as err:
             failure = f"round {sampled.round}: {err}"
     stop_everywhere(accelerator, failure)
@@ -303,8 +309,25 @@ def round_reference(accelerator: Accelerator, config: RoundsConfig, base: Protei
     return reference.to(accelerator.device).eval().requires_grad_(False)
 
 
-def run_rounds(config: RoundsConfig) -> list[dict]:
-    """Every round, then the last sampling pass; returns the lines of rounds.jsonl."""
+def check_reward(config: RoundsConfig, reward: RewardFunction | None) -> None:
+    """Exactly one reward: a Python function, `config.reward` (its name) or `config.reward_command`."""
+    given = [reward is not None, config.reward is not None, config.reward_command is not None]
+    if sum(given) != 1:
+        raise ValueError("give either reward (a Python function) or reward_command (a shell command)")
+
+
+def rounds(config: RoundsConfig, reward: RewardFunction | None = None) -> list[dict]:
+    """On-policy rounds as `python -m dpo_inv.rounds` runs them: each round samples from the current model,
+    scores the samples, pairs them and trains on them; a last sampling pass scores the final model.
+
+    `reward` is a Python function (one defined in a notebook will do) called with a list of records
+    (`pdb_file`, `design_chains`, `fixed_chains`, `sequence`) and returning one number per record, higher
+    is better; without it, `config.reward` or `config.reward_command` names the reward. Everything is
+    written under `config.output_dir` (round-K/final is the model after round K). Returns the lines of
+    rounds.jsonl: one per sampling pass, with its rewards, recovery and diversity. Started by a launcher,
+    every process runs it.
+    """
+    check_reward(config, reward)
     accelerator, setup = start_job(config)
     options = model_parse_options(
         config.model_name_or_path, config.ref_model_name_or_path, config.ligand_context, config.ligand_exclude
@@ -324,7 +347,7 @@ def run_rounds(config: RoundsConfig) -> list[dict]:
     offset = sum(line["train_steps"] for line in finished)
     try:
         for k in range(start, config.num_rounds):
-            sampled = sampling_pass(accelerator, config, policy, targets, k)
+            sampled = sampling_pass(accelerator, config, policy, targets, k, reward)
             train_file, num_records = training_file(accelerator, config, sampled)
             round_config = dataclasses.replace(
                 config,
@@ -337,7 +360,7 @@ def run_rounds(config: RoundsConfig) -> list[dict]:
             fitted = fit(accelerator, round_config, policy, reference, data, setup, offset)
             policy, offset = fitted.model, offset + fitted.steps
             record(accelerator, config, summary(sampled, num_records, fitted.steps))
-        last = sampling_pass(accelerator, config, policy, targets, config.num_rounds)
+        last = sampling_pass(accelerator, config, policy, targets, config.num_rounds, reward)
         record(accelerator, config, summary(last, None, 0))
     finally:
         accelerator.end_training()

@@ -1,8 +1,10 @@
-"""Designing sequences for backbone structures: the options, inputs and outputs of `dpo_inv.sample`."""
+"""Designing sequences for backbone structures: `dpo_inv.sample` in Python, and the options, inputs and
+outputs of `python -m dpo_inv.sample`."""
 
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -15,9 +17,16 @@ from torch import Tensor
 
 from dpo_inv.data.batches import collate
 from dpo_inv.data.progress import progress
-from dpo_inv.models.mpnn import ProteinMPNN, derive_seed
+from dpo_inv.models.mpnn import ProteinMPNN, ProteinMPNNConfig, derive_seed
 from dpo_inv.models.sampling import allowed_tokens, sample_sequences
-from dpo_inv.models.weights import LIGAND_CONTEXT_HELP, LIGAND_EXCLUDE_HELP, load_model, model_parse_options
+from dpo_inv.models.weights import (
+    LIGAND_CONTEXT_HELP,
+    LIGAND_EXCLUDE_HELP,
+    as_model,
+    load_model,
+    parse_options,
+    read_config,
+)
 from dpo_inv.structures.context import context_atoms, empty_context_note
 from dpo_inv.structures.parse import (
     ALPHABET,
@@ -277,26 +286,72 @@ def write_fasta(handle: TextIO, name: str, records: list[dict[str, Any]]) -> Non
         )
 
 
-def sample(config: SampleConfig) -> None:
-    """Design every structure of ``config``; write the FASTA files and ``samples.jsonl``.
-
-    Every input is checked before the model is loaded, so a bad one stops the run before any sampling.
-    """
-    paths = [Path(config.structure)] if config.structure else []
-    if config.structure_list:
-        paths += read_structure_list(Path(config.structure_list))
+def prepare_designs(
+    model_config: ProteinMPNNConfig, paths: Sequence[Path], config: SampleConfig
+) -> tuple[list[Design], Tensor]:
+    """The designs of the structures at `paths` as the model of `model_config` reads them, and the logit
+    bias; every input is checked here, before any sampling."""
     fixed = parse_fixed_positions(config.fixed_positions)
     bias = parse_bias(config.bias_aas)
     allowed_tokens(config.omit_aas)
-    options = model_parse_options(config.model, None, config.ligand_context, config.ligand_exclude)
+    options = parse_options(model_config, config.ligand_context, config.ligand_exclude)
     designs = [prepare_design(p, config.design_chains, config.fixed_chains, fixed, options) for p in paths]
+    note = empty_context_note({d.name: d.num_context_atoms for d in designs}, options)
+    if note:
+        print(f"note: {note}")
+    return designs, bias
+
+
+def sample(
+    model: ProteinMPNN | str,
+    structure: str | os.PathLike | Sequence[str | os.PathLike],
+    *,
+    num_samples: int = 8,
+    temperature: float = 0.1,
+    design_chains: Sequence[str] = (),
+    fixed_chains: Sequence[str] = (),
+    fixed_positions: Sequence[str] = (),
+    omit_aas: str = "",
+    bias_aas: str = "",
+    batch_size: int = 8,
+    seed: int = 0,
+    device: str | None = None,
+    ligand_context: bool = True,
+    ligand_exclude: Sequence[str] = (),
+) -> list[dict[str, Any]]:
+    """Design sequences for one backbone structure (PDB or mmCIF, optionally gzipped) or several, by
+    autoregressive sampling from `model` (a model, or a name or path :func:`load_model` takes), with the
+    records `python -m dpo_inv.sample` writes to samples.jsonl (same seed, same sequences).
+
+    Each record holds `structure` (the path as given), `design_chains`, `fixed_chains`, `sample` (from 1),
+    `temperature`, `seed`, `sequence` (the designed chains, in order), `log_likelihood` (mean log p of the
+    designed residues) and `recovery` (their fraction of native residues). `fixed_positions` are author
+    residue numbers such as `"A:1-10,15 B:3"`; see `python -m dpo_inv.sample --help` for the other options.
+    """
+    paths = [structure] if isinstance(structure, (str, os.PathLike)) else list(structure)
+    config = SampleConfig(output_dir="", structure=str(paths[0]), design_chains=list(design_chains),
+                          fixed_chains=list(fixed_chains), fixed_positions=list(fixed_positions),
+                          num_samples=num_samples, temperature=temperature, omit_aas=omit_aas,
+                          bias_aas=bias_aas, batch_size=batch_size, seed=seed, device=device,
+                          ligand_context=ligand_context, ligand_exclude=list(ligand_exclude))  # fmt: skip
+    policy = as_model(model)
+    designs, bias = prepare_designs(policy.config, [Path(p) for p in paths], config)
+    policy = policy.to(resolve_device(device)).eval()
+    return [record for design in designs for record in sample_structure(policy, design, config, bias)]
+
+
+def sample_file(config: SampleConfig) -> None:
+    """`python -m dpo_inv.sample`: design every structure of ``config``; write the FASTA files and
+    ``samples.jsonl``. Every input is checked before the model is loaded, so a bad one stops the run before
+    any sampling."""
+    paths = [Path(config.structure)] if config.structure else []
+    if config.structure_list:
+        paths += read_structure_list(Path(config.structure_list))
+    designs, bias = prepare_designs(read_config(config.model), paths, config)
     names = [d.name for d in designs]
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
         raise ValueError(f"several structures are named {', '.join(duplicates)}: their .fa files would clash")
-    note = empty_context_note({d.name: d.num_context_atoms for d in designs}, options)
-    if note:
-        print(f"note: {note}")
     model = load_model(config.model).to(resolve_device(config.device)).eval()
     output = Path(config.output_dir)
     output.mkdir(parents=True, exist_ok=True)

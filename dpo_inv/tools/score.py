@@ -1,10 +1,12 @@
-"""Scoring preference pairs and sequences under a model: what `python -m dpo_inv.score` computes."""
+"""Scoring preference pairs and sequences under a model: `dpo_inv.score` in Python, and what
+`python -m dpo_inv.score` computes."""
 
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 import torch
@@ -13,7 +15,7 @@ from torch.utils.data import DataLoader, Subset
 from dpo_inv.data.batches import PreferenceDataset, collate
 from dpo_inv.data.dataset import PAIR_FIELDS, SEQUENCE_FIELDS, load_pairs
 from dpo_inv.data.featurized import context_counts
-from dpo_inv.data.records import load_records, write_jsonl
+from dpo_inv.data.records import Data, as_table, load_records, write_jsonl
 from dpo_inv.models.mpnn import ProteinMPNN
 from dpo_inv.models.variants import (
     conditional_deltas,
@@ -22,10 +24,20 @@ from dpo_inv.models.variants import (
     spearman,
     spearman_by_structure,
 )
-from dpo_inv.models.weights import LIGAND_CONTEXT_HELP, LIGAND_EXCLUDE_HELP, load_model, model_parse_options
+from dpo_inv.models.weights import (
+    LIGAND_CONTEXT_HELP,
+    LIGAND_EXCLUDE_HELP,
+    as_model,
+    load_model,
+    model_parse_options,
+    parse_options,
+)
 from dpo_inv.structures.context import empty_context_note
 from dpo_inv.training.launch import resolve_device
 from dpo_inv.training.loss import PairLogps, batch_ranks, pair_logps
+
+if TYPE_CHECKING:
+    import pandas
 
 
 @dataclass
@@ -119,9 +131,9 @@ def score_sequences(
     dataset: PreferenceDataset,
     config: ScoreConfig,
     device: torch.device,
-) -> dict:
+) -> tuple[dict, list[dict]]:
     """Add `delta_logp` (records with a wild type) or `logp` and `logp_per_residue` to each record;
-    Spearman's correlation with `label`, pooled and per structure."""
+    Spearman's correlation with `label`, pooled, and per structure (the table)."""
     conditional = config.variant_scoring == "conditional"
     variants = [i for i, row in enumerate(rows) if row.get("wildtype_seq")]
     full = [i for i in range(len(rows)) if not (conditional and rows[i].get("wildtype_seq"))]
@@ -143,7 +155,7 @@ def score_sequences(
     key = "delta_logp" if variants else "logp"
     labelled = [i for i, row in enumerate(rows) if row.get("label") is not None and key in row]
     if len(labelled) < 2:
-        return summary
+        return summary, []
     values = np.array([rows[i][key] for i in labelled], dtype=np.float64)
     labels = np.array([rows[i]["label"] for i in labelled], dtype=np.float64)
     structure_ids = np.asarray(dataset.pairs["structure_id"])[labelled]
@@ -164,34 +176,85 @@ def score_sequences(
         spearman_per_structure_mean=round_metric(mean),
         spearman_per_structure_median=round_metric(median),
     )
-    if config.per_structure_output:
-        write_jsonl(config.per_structure_output, table)
-    return summary
+    return summary, table
 
 
-def score(config: ScoreConfig) -> dict:
-    """Score every record of `config.data`, write `config.output`, return the summary."""
-    rows = [record.data or {} for record in load_records(config.data)]
-    columns = {name for row in rows for name in row}
+def score_records(
+    model: ProteinMPNN, reference: ProteinMPNN | None, data: Data, config: ScoreConfig, name: str = "records"
+) -> tuple[list[dict], dict, list[dict]]:
+    """Score every record of `data` (a file or records in memory): the records with their scores, the
+    summary, and the per-structure Spearman table (empty without labels)."""
+    rows = [dict(record.data or {}) for record in load_records(data, name)]
+    columns = {column for row in rows for column in row}
     is_pairs = not ("sequence" in columns and "preferred_seq" not in columns)
-    options = model_parse_options(
-        config.model, config.reference, config.ligand_context, config.ligand_exclude
-    )
+    options = parse_options(model.config, config.ligand_context, config.ligand_exclude)
+    if reference is not None and parse_options(reference.config) != parse_options(model.config):
+        raise ValueError(
+            "the model and the reference read structures differently (one is a LigandMPNN-family model, the "
+            "other ProteinMPNN); give a reference of the same family"
+        )
     fields = PAIR_FIELDS if is_pairs else SEQUENCE_FIELDS
-    data = load_pairs(config.data, config.cache_dir, fields=fields, options=options)
-    note = empty_context_note(context_counts(data.structures), options)
+    loaded = load_pairs(data, config.cache_dir, fields=fields, options=options, name=name)
+    note = empty_context_note(context_counts(loaded.structures), options)
     if note:
         print(f"note: {note}", file=sys.stderr)
     device = resolve_device(config.device)
-    summary: dict = {"count": len(rows), "model": config.model, "reference": config.reference}
-    dataset = PreferenceDataset(data)
+    summary: dict = {"count": len(rows)}
+    dataset = PreferenceDataset(loaded)
+    table: list[dict] = []
     if is_pairs:
-        names = [config.model] + ([config.reference] if config.reference else [])
-        models = [load_model(name).to(device).eval() for name in names]
-        policy, *reference = score_dataset(models, dataset, config, device)
-        summary.update(score_pairs(rows, policy, reference[0] if reference else None))
+        models = [m.to(device).eval() for m in (model, *([reference] if reference is not None else []))]
+        policy, *reference_logps = score_dataset(models, dataset, config, device)
+        summary.update(score_pairs(rows, policy, reference_logps[0] if reference_logps else None))
     else:
-        model = load_model(config.model).to(device).eval()
-        summary.update(score_sequences(rows, model, dataset, config, device))
+        sequence_summary, table = score_sequences(rows, model.to(device).eval(), dataset, config, device)
+        summary.update(sequence_summary)
+    return rows, summary, table
+
+
+def score(
+    model: ProteinMPNN | str,
+    records: Data,
+    *,
+    reference: ProteinMPNN | str | None = None,
+    variant_scoring: Literal["conditional", "full"] = "conditional",
+    decoding_order: Literal["random", "left_to_right"] = "random",
+    num_orders: int = 1,
+    seed: int = 42,
+    batch_size: int = 16,
+    device: str | None = None,
+    cache_dir: str | None = None,
+    ligand_context: bool = True,
+    ligand_exclude: Sequence[str] = (),
+) -> list[dict] | pandas.DataFrame:
+    """Score preference pairs or sequences under `model` (a model, or a name or path :func:`load_model`
+    takes), with the numbers `python -m dpo_inv.score` writes.
+
+    `records` is a data file, a list of dicts, a pandas DataFrame or a `datasets.Dataset`. Pairs get
+    `preferred_logp` and `unpreferred_logp` (with a `reference`, also `preferred_reward` and
+    `unpreferred_reward`); sequences with a `wildtype_seq` get `delta_logp`, other sequences `logp` and
+    `logp_per_residue` (see `python -m dpo_inv.score --help` for the options). Returns the records with
+    their scores: a DataFrame when `records` is one, else a list of dicts. Bad records raise one
+    `DataError` (a `ValueError`), a line each.
+    """
+    config = ScoreConfig(data="", output="", variant_scoring=variant_scoring, decoding_order=decoding_order,
+                         num_orders=num_orders, seed=seed, batch_size=batch_size, device=device,
+                         cache_dir=cache_dir, ligand_context=ligand_context,
+                         ligand_exclude=list(ligand_exclude))  # fmt: skip
+    policy = as_model(model)
+    rows, _, _ = score_records(policy, None if reference is None else as_model(reference), records, config)
+    return as_table(records, rows)
+
+
+def score_file(config: ScoreConfig) -> dict:
+    """`python -m dpo_inv.score`: score every record of `config.data`, write `config.output` (and the
+    per-structure table), return the summary."""
+    model_parse_options(config.model, config.reference, config.ligand_context, config.ligand_exclude)
+    model = load_model(config.model)
+    reference = load_model(config.reference) if config.reference else None
+    rows, summary, table = score_records(model, reference, config.data, config)
+    summary = {"count": summary.pop("count"), "model": config.model, "reference": config.reference, **summary}
+    if config.per_structure_output and table:
+        write_jsonl(config.per_structure_output, table)
     write_jsonl(config.output, rows)
     return summary

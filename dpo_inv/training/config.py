@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from importlib.util import find_spec
-from typing import Any, Literal
+from typing import Literal
 
 from accelerate.utils import LoggerType
 from trl import TrlParser
@@ -281,6 +281,10 @@ class DPOConfig:
     )
 
     def __post_init__(self) -> None:
+        for spec in fields(self):  # one value where a list is expected: report_to="none", loss_type="ipo"
+            value = getattr(self, spec.name)
+            if str(spec.type).startswith("list[") and isinstance(value, (str, int, float)):
+                setattr(self, spec.name, [value])
         trackers = ("none", *(t.value for t in LoggerType))
         unknown = [name for name in self.report_to if name not in trackers]
         if unknown:
@@ -371,21 +375,10 @@ class DPOConfig:
         return {k: v if isinstance(v, (bool, int, float, str)) else str(v) for k, v in self.to_dict().items()}
 
 
-class ConfigParser(TrlParser):
-    """TRL's parser, taking a single value where a field holds a list (`report_to: none`, `loss_type: ipo`)
-    in YAML too, as Transformers and TRL users write it."""
-
-    def set_defaults_with_config(self, **kwargs: Any) -> list[str]:
-        for action in self._actions:
-            if action.nargs in ("+", "*") and isinstance(kwargs.get(action.dest), (str, int, float)):
-                kwargs[action.dest] = [kwargs[action.dest]]
-        return super().set_defaults_with_config(**kwargs)
-
-
 def parse_config(args: list[str] | None = None) -> DPOConfig:
     """`--config FILE.yaml` plus `--field value` overrides (command line wins); a bad value exits with
     status 2 and a one-line message, as argparse does."""
-    parser = ConfigParser(dataclass_types=[DPOConfig], epilog=EPILOG)
+    parser = TrlParser(dataclass_types=[DPOConfig], epilog=EPILOG)
     try:
         (config,) = parser.parse_args_and_config(args)
     except ValueError as err:

@@ -24,7 +24,7 @@ from dpo_inv.data.dataset import (
 )
 from dpo_inv.data.featurized import context_counts
 from dpo_inv.data.progress import progress
-from dpo_inv.data.records import DataError
+from dpo_inv.data.records import Data, DataError, data_name, load_records, write_jsonl
 from dpo_inv.models.mpnn import ProteinMPNN
 from dpo_inv.models.variants import LabelledVariants, variant_labels
 from dpo_inv.models.weights import model_parse_options
@@ -60,11 +60,19 @@ def split_by_structure(data: PairDataset, fraction: float, seed: int) -> tuple[P
     return train, evaluation
 
 
-def load_data(accelerator: Accelerator, config: DPOConfig) -> RunData:
-    """Rank 0 validates the data files and parses their structures into the Arrow cache, before training;
-    the other ranks then read its result from there. Bad input stops every rank, rank 0 reporting it.
+def load_data(
+    accelerator: Accelerator,
+    config: DPOConfig,
+    train_dataset: Data | None = None,
+    eval_dataset: Data | None = None,
+) -> RunData:
+    """Rank 0 validates the data (the files of `config`, or the datasets given instead of them) and parses
+    their structures into the Arrow cache, before training; the other ranks then read its result from
+    there. Bad input stops every rank, rank 0 reporting it.
     """
-    names = [config.train_file, *([config.eval_file] if config.eval_file else [])]
+    train = config.train_file if train_dataset is None else train_dataset
+    evaluation = config.eval_file if eval_dataset is None else eval_dataset
+    sources = {"train_dataset": train, **({"eval_dataset": evaluation} if evaluation is not None else {})}
     options = {
         "structure_roots": config.structure_root or (),
         "on_bad_record": config.on_bad_record,
@@ -76,7 +84,7 @@ def load_data(accelerator: Accelerator, config: DPOConfig) -> RunData:
     failure: Exception | None = None
     if accelerator.is_main_process:
         try:
-            loaded, variants = validate(config, names, options)
+            loaded, variants = validate(config, sources, options)
             splits = train_and_eval(config, loaded)  # an impossible eval_split fails here, on rank 0 alone
         except Exception as err:  # raised below, once the other ranks know
             failure = err
@@ -96,6 +104,7 @@ def load_data(accelerator: Accelerator, config: DPOConfig) -> RunData:
         write_skipped(accelerator, config, loaded)
         return RunData(*splits, variants)
     files, saved_variants = outcome
+    names = [data_name(data, name) for name, data in sources.items()]
     saved = [load_saved_pairs(f, name) for f, name in zip(files, names, strict=True)]
     if saved_variants is not None:
         variants = LabelledVariants(
@@ -105,16 +114,16 @@ def load_data(accelerator: Accelerator, config: DPOConfig) -> RunData:
 
 
 def validate(
-    config: DPOConfig, names: list[str], options: dict
+    config: DPOConfig, sources: dict[str, Data], options: dict
 ) -> tuple[list[PairDataset], LabelledVariants | None]:
-    """Load and check every data file; one `DataError` reports the bad records of all of them."""
+    """Load and check the training and eval data; one `DataError` reports the bad records of all of them."""
     loaded, errors, variants = [], [], None
     options["options"] = model_parse_options(
         config.model_name_or_path, config.ref_model_name_or_path, config.ligand_context, config.ligand_exclude
     )
-    for name in names:
+    for name, data in sources.items():
         try:
-            loaded.append(load_pairs(name, config.cache_dir, config.dataset_num_proc, **options))
+            loaded.append(load_pairs(data, config.cache_dir, config.dataset_num_proc, name=name, **options))
         except DataError as err:
             errors.append(str(err))
     if config.eval_variants_file:
@@ -185,3 +194,19 @@ def precompute_reference(
     for name, values in zip(REFERENCE_COLUMNS, (chosen, rejected), strict=True):
         pairs = pairs.add_column(name, torch.cat(values).tolist())
     return PairDataset(pairs, data.structures, data.source)
+
+
+def save_in_memory(accelerator: Accelerator, config: DPOConfig, name: str, data: Data) -> str:
+    """Records given in memory, saved by rank 0 as OUTPUT_DIR/NAME.jsonl with absolute structure paths, so
+    that the run's config.yaml names data the command line can train on again; returns that path."""
+    path = Path(config.output_dir) / f"{name}.jsonl"
+    if accelerator.is_main_process:
+        rows = []
+        for record in load_records(data, name):
+            row = dict(record.data)
+            for key in ("pdb_file", "structure"):
+                if isinstance(row.get(key), str):
+                    row[key] = str(Path(row[key]).resolve())
+            rows.append(row)
+        write_jsonl(path, rows)
+    return str(path)

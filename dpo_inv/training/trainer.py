@@ -1,8 +1,10 @@
 """The training loop: one Accelerator, read top to bottom. `fit` trains a model on a run's data; `train`
-is the whole `dpo_inv.run` job around it; `dpo_inv.rounds` calls `fit` once per round."""
+is the whole `dpo_inv.run` job around it (and `dpo_inv.train` in Python); rounds call `fit` once per
+round."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import math
@@ -11,7 +13,7 @@ import time
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import datasets
 import torch
@@ -24,13 +26,14 @@ from transformers import get_scheduler
 
 from dpo_inv.data.batches import LengthGroupedSampler, PreferenceDataset, collate
 from dpo_inv.data.progress import progress
+from dpo_inv.data.records import Data, is_file
 from dpo_inv.models.mpnn import ProteinMPNN
 from dpo_inv.models.weights import load_model
 from dpo_inv.training.checkpoints import TrainerState, find_checkpoint, save_checkpoint, save_model
 from dpo_inv.training.config import DPOConfig
 from dpo_inv.training.evaluation import describe, eval_structures, improved, run_evaluation
 from dpo_inv.training.launch import device_backend, setup_environment, threads_per_process
-from dpo_inv.training.loading import RunData, load_data, precompute_reference
+from dpo_inv.training.loading import RunData, load_data, precompute_reference, save_in_memory
 from dpo_inv.training.objective import metric_columns, step_metrics, summarize
 from dpo_inv.training.plot import plot
 from dpo_inv.training.stopping import StopSignals, TrainingStopped, diverged, interrupted
@@ -155,6 +158,7 @@ class Run:
     grad_norm: float = 0.0  # of the last optimizer step
     nonfinite_in_a_row: int = 0  # optimizer steps skipped in a row for a non-finite loss or gradient
     eval_metrics: dict[str, float] = field(default_factory=dict)  # of the last evaluation
+    train_metrics: dict[str, float] = field(default_factory=dict)  # of the last training log line
     log_step_offset: int = 0  # added to the step in the trackers (rounds train one run after another)
 
     @property
@@ -308,6 +312,7 @@ def log_window(run: Run, window: Window, epoch: int) -> Window:
         pairs_per_second=window.count / (now - window.started),
     )
     run.log(metrics)
+    run.train_metrics = metrics
     return Window(torch.zeros_like(window.totals), started=now)
 
 
@@ -406,6 +411,7 @@ class Fitted:
     model: ProteinMPNN
     eval_metrics: dict[str, float]
     steps: int
+    train_metrics: dict[str, float] = field(default_factory=dict)  # of the last log line
 
 
 def fit(
@@ -430,7 +436,7 @@ def fit(
         trained = load_model(run.output_dir / "final").to(accelerator.device)
     accelerator.free_memory()
     accelerator._custom_objects.clear()  # free_memory leaves the scheduler registered for checkpoints
-    return Fitted(trained, run.eval_metrics, run.state.global_step)
+    return Fitted(trained, run.eval_metrics, run.state.global_step, run.train_metrics)
 
 
 def start_job(config: DPOConfig) -> tuple[Accelerator, str]:
@@ -446,11 +452,38 @@ def start_job(config: DPOConfig) -> tuple[Accelerator, str]:
     return accelerator, setup
 
 
-def train(config: DPOConfig) -> dict[str, float]:
-    """The `dpo_inv.run` job: load the data and models, fit, end the trackers. Returns the final eval
-    metrics (empty without an eval set)."""
+class TrainOutput(NamedTuple):
+    """What `train` returns: the trained model (in eval mode) and its last logged training and eval
+    metrics, as in metrics.jsonl."""
+
+    model: ProteinMPNN
+    metrics: dict[str, float]
+
+
+def train(
+    config: DPOConfig, train_dataset: Data | None = None, eval_dataset: Data | None = None
+) -> TrainOutput:
+    """Train a model on preference pairs (labelled sequences for kto) as `python -m dpo_inv.run` does.
+
+    `train_dataset` and `eval_dataset` replace `config.train_file` and `config.eval_file`: a file path, a
+    list of dicts, a pandas DataFrame or a `datasets.Dataset`, with the fields of a data file (relative
+    structure paths are relative to the working directory). They are validated as files are: bad records
+    raise one `DataError` (a `ValueError`), a line each, naming the record, what is wrong and the fix.
+    Records in memory are saved into `output_dir` (train_dataset.jsonl, eval_dataset.jsonl), which
+    config.yaml names. Started by `accelerate launch`, `torchrun` or `mpiexec`, every process runs it and
+    they train together; otherwise (a notebook) it runs in one process.
+    """
     accelerator, setup = start_job(config)
-    data = load_data(accelerator, config)
+    data = load_data(accelerator, config, train_dataset, eval_dataset)
+    given = {"train_file": ("train_dataset", train_dataset), "eval_file": ("eval_dataset", eval_dataset)}
+    config = dataclasses.replace(  # the files config.yaml names: as given, or the records in memory saved
+        config,
+        **{
+            field: str(data) if is_file(data) else save_in_memory(accelerator, config, name, data)
+            for field, (name, data) in given.items()
+            if data is not None
+        },
+    )
     model, reference = load_models(config, accelerator.device)
     reference_name = config.ref_model_name_or_path or "the policy's starting weights"
     accelerator.print(
@@ -458,6 +491,7 @@ def train(config: DPOConfig) -> dict[str, float]:
     )
     accelerator.init_trackers(config.run_name, config=config.to_sanitized_dict())
     try:
-        return fit(accelerator, config, model, reference, data, setup).eval_metrics
+        fitted = fit(accelerator, config, model, reference, data, setup)
     finally:
         accelerator.end_training()
+    return TrainOutput(fitted.model.eval(), {**fitted.train_metrics, **fitted.eval_metrics})
