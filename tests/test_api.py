@@ -6,6 +6,7 @@ import dataclasses
 import inspect
 import json
 import os
+import subprocess
 import types
 from pathlib import Path
 
@@ -15,6 +16,8 @@ import pytest
 import torch
 from conftest import EXAMPLE, stability_rows
 from test_adapt import DOMAIN
+from test_distributed import torchrun
+from test_train import env
 
 import dpo_inv
 import dpo_inv.adapt
@@ -220,3 +223,36 @@ def test_adapt_a_model_object_without_changing_it(tmp_path):
         torch.equal(a, b)
         for a, b in zip(saved.state_dict().values(), adapted.state_dict().values(), strict=True)
     )
+
+
+SCRIPT = """
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+import dpo_inv
+
+source, output_dir, cache_dir = map(Path, sys.argv[1:])
+pairs = pd.read_json(source, lines=True).head(8)
+pairs["pdb_file"] = [str(source.parent / path) for path in pairs.pdb_file]
+config = dpo_inv.DPOConfig(output_dir=str(output_dir), max_steps=2, per_device_train_batch_size=2,
+                           logging_steps=1, eval_split=0.0, report_to="none", cache_dir=str(cache_dir))
+model, metrics = dpo_inv.train(config, train_dataset=pairs)
+print(f"trained: loss {metrics['loss']:.6f}", flush=True)
+"""
+
+
+def test_a_script_calling_train_runs_on_every_process_of_a_launch(tmp_path):
+    script = tmp_path / "my_training.py"
+    script.write_text(SCRIPT)
+    output = tmp_path / "out"
+    args = (str(EXAMPLE / "pairs" / "train.jsonl"), str(output), str(tmp_path / "cache"))
+    command = [*torchrun(), str(script), *args]
+    result = subprocess.run(command, capture_output=True, text=True, env=env(tmp_path), timeout=900)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "Parameters identical on all 2 process(es)" in result.stdout
+    losses = [line for line in result.stdout.splitlines() if line.startswith("trained: loss")]
+    assert len(losses) == 2 and losses[0] == losses[1]  # every rank returns the gathered metrics
+    assert len((output / "metrics.jsonl").read_text().splitlines()) == 2  # one writer
+    assert len((output / "train_dataset.jsonl").read_text().splitlines()) == 8

@@ -48,10 +48,11 @@ class PairDataset:
 
 
 def structure_key(
-    record: dict, root: Path, allowed: Sequence[Path]
+    record: dict, root: Path, allowed: Sequence[Path], root_name: str = "the data file's folder"
 ) -> tuple[str, tuple[str, ...], tuple[str, ...]]:
-    """(resolved structure path, designed chains, fixed chains) of a normalised record; a ValueError says
-    why the record names no usable structure file."""
+    """(resolved structure path, designed chains, fixed chains) of a normalised record, a relative path
+    being relative to `root` (`root_name` in errors); a ValueError says why the record names no usable
+    structure file."""
     pdb_file = record.get("pdb_file")
     if not isinstance(pdb_file, str) or not pdb_file:
         raise ValueError("missing required field pdb_file (alias structure): the structure file's path")
@@ -62,10 +63,7 @@ def structure_key(
             "there or add its folder to structure_root"
         )
     if not path.is_file():
-        raise ValueError(
-            f"structure file not found: {path} (a relative path is relative to the data file's folder, or to "
-            "the working directory for records in memory)"
-        )
+        raise ValueError(f"structure file not found: {path} (a relative path is relative to {root_name})")
     if not os.access(path, os.R_OK):
         raise ValueError(f"structure file not readable: {path} (permission denied)")
     if record.get("chain_id") not in (None, ""):
@@ -242,6 +240,7 @@ def load_pairs(
     records = load_records(data, name)
     source = data_name(data, name)
     root = Path(data).resolve().parent if is_file(data) else Path.cwd()
+    root_name = "the data file's folder" if is_file(data) else "the working directory"
     allowed = [Path(folder).resolve() for folder in structure_roots]
     bad: dict[int, BadRecord] = {}
     keys: dict[tuple[str, tuple[str, ...], tuple[str, ...]], int] = {}
@@ -252,7 +251,7 @@ def load_pairs(
             continue
         data = _normalise(record.data)
         try:
-            key = structure_key(data, root, allowed)
+            key = structure_key(data, root, allowed, root_name)
         except ValueError as err:
             bad[number] = BadRecord(record.location, str(err), record.data)
             continue
