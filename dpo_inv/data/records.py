@@ -168,6 +168,11 @@ def is_file(data: Data) -> bool:
     return isinstance(data, (str, os.PathLike))
 
 
+def is_dataframe(data: Data) -> bool:
+    """Whether `data` is a pandas DataFrame (pandas itself is not imported for the test)."""
+    return type(data).__name__ == "DataFrame"
+
+
 def _missing_as_none(value: Any) -> Any:
     """pandas marks a missing cell NaN (or NA, NaT): None, as in a CSV file read by `datasets`."""
     if isinstance(value, float) and math.isnan(value):
@@ -178,7 +183,7 @@ def _missing_as_none(value: Any) -> Any:
 def memory_records(data: Data, name: str) -> list[Record]:
     """The records of data in memory, each located as `NAME record I` (I: the DataFrame's index label, or
     the position)."""
-    if type(data).__name__ == "DataFrame":
+    if is_dataframe(data):
         return [
             Record(f"{name} record {index}", {k: _missing_as_none(v) for k, v in row.items()})
             for index, row in zip(data.index, data.to_dict("records"), strict=True)
@@ -245,7 +250,7 @@ def load_records(data: Data, name: str = "records") -> list[Record]:
 def as_table(data: Data, rows: list[dict]) -> list[dict] | pandas.DataFrame:
     """Results for `data`: a DataFrame when `data` is one (with its index when there is one row per
     record), else the list of dicts."""
-    if type(data).__name__ != "DataFrame":
+    if not is_dataframe(data):
         return rows
     import pandas
 

@@ -173,17 +173,35 @@ def parse_options(
     return ParseOptions(ligand_mpnn=True, ligand_context=ligand_context, ligand_exclude=tuple(ligand_exclude))
 
 
+def shared_parse_options(
+    model: ProteinMPNNConfig,
+    reference: ProteinMPNNConfig | None = None,
+    ligand_context: bool = True,
+    ligand_exclude: Sequence[str] = (),
+    names: tuple[str, str] = ("the model", "the reference"),
+) -> ParseOptions:
+    """How structures are read for a model and its reference (their configurations), which must read them
+    alike; `names` name the two in the error."""
+    options = parse_options(model, ligand_context, ligand_exclude)
+    if reference is not None and parse_options(reference, ligand_context, ligand_exclude) != options:
+        raise ValueError(
+            f"{names[0]} and {names[1]} read structures differently (one is a LigandMPNN-family model, the "
+            "other ProteinMPNN); give a reference of the same family"
+        )
+    return options
+
+
 def model_parse_options(
     model: str, reference: str | None = None, ligand_context: bool = True, ligand_exclude: Sequence[str] = ()
 ) -> ParseOptions:
-    """How structures are read for a model and its reference, which must read them alike."""
-    options = parse_options(read_config(model), ligand_context, ligand_exclude)
-    if reference and parse_options(read_config(reference), ligand_context, ligand_exclude) != options:
-        raise ValueError(
-            f"model {model!r} and reference {reference!r} read structures differently (one is a "
-            "LigandMPNN-family model, the other ProteinMPNN); give a reference of the same family"
-        )
-    return options
+    """How structures are read for a model and its reference, given by name, which must read them alike."""
+    return shared_parse_options(
+        read_config(model),
+        read_config(reference) if reference else None,
+        ligand_context,
+        ligand_exclude,
+        (f"model {model!r}", f"reference {reference!r}"),
+    )
 
 
 def load_model(name_or_path: str | os.PathLike, **config_overrides: Any) -> ProteinMPNN:

@@ -40,7 +40,6 @@ from dpo_inv.models.weights import (
     LIGAND_EXCLUDE_HELP,
     as_model,
     load_model,
-    model_parse_options,
     parse_options,
 )
 from dpo_inv.tools.folds import assign_folds, variant_groups
@@ -475,7 +474,6 @@ def adapt(
 def adapt_file(config: AdaptConfig) -> dict[str, Any]:
     """`python -m dpo_inv.adapt`: adapt ``config.model`` to the labelled sequences of ``config.data``;
     returns the report."""
-    model_parse_options(config.model, None, config.ligand_context, config.ligand_exclude)
     return adapt_model(load_model(config.model), config.data, config)[1]
 
 

@@ -29,8 +29,7 @@ from dpo_inv.models.weights import (
     LIGAND_EXCLUDE_HELP,
     as_model,
     load_model,
-    model_parse_options,
-    parse_options,
+    shared_parse_options,
 )
 from dpo_inv.structures.context import empty_context_note
 from dpo_inv.training.launch import resolve_device
@@ -187,12 +186,13 @@ def score_records(
     rows = [dict(record.data or {}) for record in load_records(data, name)]
     columns = {column for row in rows for column in row}
     is_pairs = not ("sequence" in columns and "preferred_seq" not in columns)
-    options = parse_options(model.config, config.ligand_context, config.ligand_exclude)
-    if reference is not None and parse_options(reference.config) != parse_options(model.config):
-        raise ValueError(
-            "the model and the reference read structures differently (one is a LigandMPNN-family model, the "
-            "other ProteinMPNN); give a reference of the same family"
-        )
+    options = shared_parse_options(
+        model.config,
+        None if reference is None else reference.config,
+        config.ligand_context,
+        config.ligand_exclude,
+        (f"model {model.name_or_path!r}", f"reference {getattr(reference, 'name_or_path', None)!r}"),
+    )
     fields = PAIR_FIELDS if is_pairs else SEQUENCE_FIELDS
     loaded = load_pairs(data, config.cache_dir, fields=fields, options=options, name=name)
     note = empty_context_note(context_counts(loaded.structures), options)
@@ -249,7 +249,6 @@ def score(
 def score_file(config: ScoreConfig) -> dict:
     """`python -m dpo_inv.score`: score every record of `config.data`, write `config.output` (and the
     per-structure table), return the summary."""
-    model_parse_options(config.model, config.reference, config.ligand_context, config.ligand_exclude)
     model = load_model(config.model)
     reference = load_model(config.reference) if config.reference else None
     rows, summary, table = score_records(model, reference, config.data, config)
