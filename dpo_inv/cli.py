@@ -3,11 +3,10 @@ and the argument parsing of the commands that take their input file as an argume
 
 from __future__ import annotations
 
-import argparse
 import sys
 from typing import Any
 
-from transformers import HfArgumentParser
+from dpo_inv.training.config import command_parser, parse_command
 
 COMMANDS = {
     "train": "dpo_inv.run",
@@ -20,20 +19,15 @@ COMMANDS = {
 }
 
 
-class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
-    """Defaults shown, the command's docstring as written."""
-
-
 def parse_with_file(
     config_class: type, args: list[str] | None, prog: str, doc: str, metavar: str, what: str
 ) -> Any:
     """Parse a command's options into ``config_class``, whose `data` field may also be given as the one
     positional argument ``metavar`` (``what`` names it in the error when it is given twice or not at all)."""
-    parser = HfArgumentParser(config_class, prog=prog, description=doc, formatter_class=HelpFormatter)
+    parser = command_parser(config_class, prog, doc)
     parser.add_argument("file", nargs="?", metavar=metavar, help=f"The {what}.")
-    config, *extra, remaining = parser.parse_args_into_dataclasses(args, return_remaining_strings=True)
-    if remaining:
-        parser.error(f"unrecognized arguments: {' '.join(remaining)}")
+    parser.usage = f"%(prog)s {metavar} [--option value ...] (--help: all)"
+    config, *extra = parse_command(parser, args)
     file = extra[0].file if extra else None
     if (file is None) == (config.data is None):
         parser.error(f"give the {what} file once: {metavar} or --data")

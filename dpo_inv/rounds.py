@@ -13,21 +13,19 @@ a last sampling pass scores the final model. Under `output_dir`:
 
 from __future__ import annotations
 
-from trl import TrlParser
-
 from dpo_inv.tools.rounds import RoundsConfig, check_reward, rounds
-from dpo_inv.training.config import EPILOG
+from dpo_inv.training.config import EPILOG, command_parser, exit_bad_input, parse_command
 from dpo_inv.training.stopping import run_job
 
 
 def parse_rounds_config(args: list[str] | None = None) -> RoundsConfig:
     """`--config FILE.yaml` plus `--field value` overrides; a bad value exits with status 2 in one line."""
-    parser = TrlParser(dataclass_types=[RoundsConfig], epilog=EPILOG, prog="python -m dpo_inv.rounds")
+    parser = command_parser(RoundsConfig, "python -m dpo_inv.rounds", __doc__, EPILOG)
+    (config,) = parse_command(parser, args)
     try:
-        (config,) = parser.parse_args_and_config(args)
         check_reward(config, None)
     except ValueError as err:
-        parser.error(str(err))
+        exit_bad_input(parser, str(err))
     return config
 
 

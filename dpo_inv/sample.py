@@ -11,21 +11,17 @@ fixed), `recovery` the fraction of them that are the native residue.
 
 from __future__ import annotations
 
-import sys
-
-from transformers import HfArgumentParser
-
 from dpo_inv.tools.sample import SampleConfig, sample_file
+from dpo_inv.training.config import command_parser, exit_bad_input, parse_command
 
 
 def main(args: list[str] | None = None) -> None:
-    parser = HfArgumentParser(SampleConfig)
+    parser = command_parser(SampleConfig, "python -m dpo_inv.sample", __doc__)
+    (config,) = parse_command(parser, args)
     try:
-        (config,) = parser.parse_args_into_dataclasses(args)
         sample_file(config)
     except (ValueError, OSError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        sys.exit(2)
+        exit_bad_input(parser, str(err))
 
 
 if __name__ == "__main__":

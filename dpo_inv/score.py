@@ -15,24 +15,23 @@ it). A summary JSON line goes to stdout.
 from __future__ import annotations
 
 import json
-import sys
 
 import datasets
-from transformers import HfArgumentParser
 
 from dpo_inv.data.records import DataError
 from dpo_inv.structures.parse import StructureError
 from dpo_inv.tools.score import ScoreConfig, score_file
+from dpo_inv.training.config import command_parser, exit_bad_input, parse_command
 
 
 def main(args: list[str] | None = None) -> None:
-    (config,) = HfArgumentParser(ScoreConfig).parse_args_into_dataclasses(args)
+    parser = command_parser(ScoreConfig, "python -m dpo_inv.score", __doc__)
+    (config,) = parse_command(parser, args)
     datasets.disable_progress_bars()
     try:
         summary = score_file(config)
     except (DataError, StructureError, FileNotFoundError, ValueError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        sys.exit(2)
+        exit_bad_input(parser, str(err))
     print(json.dumps(summary))
 
 

@@ -1,6 +1,7 @@
 """Configuration: YAML plus command-line overrides, validation, --help, the dpo-inv command."""
 
 import math
+import re
 import subprocess
 import sys
 
@@ -82,6 +83,63 @@ def test_invalid_combinations(fields, message):
         DPOConfig(**fields)
 
 
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        ({"beta": -0.1}, "beta must be > 0, got -0.1"),
+        ({"beta": 0}, "beta must be > 0"),
+        ({"learning_rate": -1e-5}, "learning_rate must be > 0"),
+        ({"loss_weights": [1.0, -1.0], "loss_type": ["sigmoid", "sft"]}, "loss_weights must be >= 0"),
+        ({"rpo_alpha": -0.5}, "rpo_alpha must be >= 0"),
+        ({"loss_weights": [0.0]}, "nothing would be trained"),
+        ({"loss_type": ["kto"], "desirable_weight": 0, "undesirable_weight": 0}, "nothing would be trained"),
+        ({"label_smoothing": 0.6}, "label_smoothing must be < 0.5"),
+        ({"weight_decay": -0.01}, "weight_decay must be >= 0"),
+        ({"eval_split": 1.0}, "eval_split must be < 1"),
+        ({"warmup_ratio": 1.5}, "warmup_ratio must be <= 1"),
+        ({"num_train_epochs": 0}, "num_train_epochs must be > 0"),
+        ({"max_steps": 0}, "max_steps must be > 0, or -1"),
+        ({"per_device_train_batch_size": 0}, "per_device_train_batch_size must be > 0"),
+        ({"num_decoding_orders": 0}, "num_decoding_orders must be > 0"),
+        ({"backbone_noise": float("nan")}, "backbone_noise must be >= 0"),
+        ({"max_grad_norm": -1}, "max_grad_norm must be >= 0"),
+    ],
+)
+def test_settings_that_would_train_the_wrong_thing_are_refused(fields, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        DPOConfig(**fields)
+
+
+@pytest.mark.parametrize(
+    "module, args, message",
+    [
+        ("dpo_inv.run", ["--beta", "-0.1"], "beta must be > 0, got -0.1"),
+        ("dpo_inv.rounds", ["--sampling_temperature", "-1"], "sampling_temperature must be >= 0, got -1.0"),
+        ("dpo_inv.score", ["--data", "x", "--output", "y", "--num_orders", "0"],
+         "num_orders must be > 0, got 0"),
+        ("dpo_inv.sample", ["--structure", "x", "--output_dir", "o", "--seed", "-1"],
+         "seed must be >= 0, got -1"),
+    ],
+)  # fmt: skip
+def test_commands_refuse_them_in_one_line(module, args, message, tmp_path):
+    config = ["--config", str(ROOT / "configs" / "rounds_example.yaml")] if module == "dpo_inv.rounds" else []
+    result = subprocess.run([sys.executable, "-m", module, *config, *args], capture_output=True, text=True)
+    assert result.returncode == 2
+    assert result.stderr == f"python -m {module}: error: {message}\n"
+
+
+def test_a_typo_in_the_yaml_file_is_one_line_naming_the_closest_option(tmp_path):
+    path = tmp_path / "typo.yaml"
+    path.write_text("learning_rat: 1.0e-4\nbeta: 0.2\nsavesteps: 5\nzzz: 1\n")
+    result = subprocess.run([sys.executable, "-m", "dpo_inv.run", "--config", str(path)], capture_output=True,
+                            text=True)  # fmt: skip
+    assert result.returncode == 2
+    assert result.stderr == (
+        f"python -m dpo_inv.run: error: {path}: unknown key learning_rat (did you mean learning_rate?), "
+        "savesteps (did you mean save_steps?), zzz\n"
+    )
+
+
 def test_metric_for_best_model_as_in_transformers():
     config = DPOConfig(metric_for_best_model="rewards/accuracies")
     assert (config.metric_for_best_model, config.greater_is_better) == ("eval_rewards/accuracies", True)
@@ -96,6 +154,22 @@ def test_help_lists_every_field_with_its_default():
     for name in DPOConfig.__dataclass_fields__:
         assert f"--{name}" in result.stdout
     assert "(default: 0.1)" in result.stdout
+    assert result.stdout.startswith("usage: python -m dpo_inv.run [--config FILE.yaml]")
+    assert "--no_disable_dropout, --no-disable-dropout\n" + 24 * " " + "Turn --disable_dropout off.\n" in (
+        result.stdout
+    )
+
+
+@pytest.mark.parametrize("command", ["sample", "score", "pairs", "adapt", "rounds"])
+def test_every_command_has_a_description_and_its_name(command):
+    command_line = [sys.executable, "-m", f"dpo_inv.{command}", "--help"]
+    result = subprocess.run(command_line, capture_output=True, text=True)
+    assert result.returncode == 0
+    usage, _, rest = result.stdout.partition("\n\n")
+    assert usage.startswith(f"usage: python -m dpo_inv.{command} ")
+    assert rest.startswith(f"`python -m dpo_inv.{command}")
+    negations = re.findall(r"--no_(\w+), --no-[\w-]+\n\s+(.*)\n", result.stdout)
+    assert (negations or command == "pairs") and all(text == f"Turn --{name} off." for name, text in negations)
 
 
 def test_dpo_inv_command():

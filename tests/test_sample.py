@@ -280,7 +280,7 @@ def test_command_designs_every_structure_of_a_list(tmp_path, capsys):
         (["--design_chains", "A", "--fixed_positions", "B:1"], "chain 'B' is not designed"),
         (["--bias_aas", "W=1"], "--bias_aas: 'W=1' is not AMINO_ACID:NUMBER"),
         (["--omit_aas", "B"], "omit_aas: unknown amino acid letters 'B'"),
-        (["--num_samples", "0"], "--num_samples must be >= 1"),
+        (["--num_samples", "0"], "num_samples must be > 0"),
         (["--structure_list", "missing.txt"], "missing.txt: structure list not found"),
     ],
 )
@@ -289,7 +289,8 @@ def test_command_reports_bad_input_in_one_line(tmp_path, capsys, args, message):
         main(["--structure", str(STRUCTURES / "1hvr.pdb.gz"), "--output_dir", str(tmp_path), *args])
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
-    assert err.startswith("error: ") and message in err and len(err.splitlines()) == 1
+    assert err.startswith("python -m dpo_inv.sample: error: ")
+    assert message in err and len(err.splitlines()) == 1
     assert not (tmp_path / "samples.jsonl").exists()
 
 

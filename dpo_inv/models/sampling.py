@@ -1,4 +1,5 @@
-"""Autoregressive sampling of sequences for a batch of structures, decoding one position per step."""
+"""Autoregressive sampling of sequences for a batch of structures, decoding one position (or one group of
+tied positions) per step."""
 
 from __future__ import annotations
 
@@ -64,6 +65,36 @@ def choose_tokens(logits: Tensor, bias: Tensor, allowed: Tensor, noise: Tensor, 
     return (scores / temperature + noise).argmax(-1)
 
 
+def tie_groups(tied: Tensor, decoded: Tensor) -> tuple[Tensor, Tensor]:
+    """Checks ``tied [B, L]`` (each position's group head) and returns the members ``[B, L, Q]`` of the
+    group of each head, padded by repeating the head, and the group sizes ``[B, L]`` (0 at non-heads)."""
+    if tied.shape != decoded.shape:
+        raise ValueError(f"tied must have shape {tuple(decoded.shape)}, got {tuple(tied.shape)}")
+    B, L = tied.shape
+    if not ((tied >= 0) & (tied < L)).all():
+        raise ValueError(f"tied: group heads must be positions in [0, {L})")
+    if not torch.equal(tied.gather(1, tied), tied):
+        raise ValueError("tied: a group head must be its own head")
+    size = torch.zeros_like(tied).scatter_add_(1, tied, torch.ones_like(tied))
+    if not (decoded | (size.gather(1, tied) == 1)).all():
+        raise ValueError("tied: tied positions must be designed (decode_mask) and present (mask)")
+    by_group = tied.argsort(stable=True)
+    heads = tied.gather(1, by_group)
+    slot = torch.arange(L, device=tied.device) - (size.cumsum(-1) - size).gather(1, heads)
+    members = torch.arange(L, device=tied.device).view(1, L, 1).repeat(B, 1, int(size.max()))
+    members.view(B, -1).scatter_(1, heads * members.shape[-1] + slot, by_group)
+    return members, size
+
+
+def tied_ranks(ranks: Tensor, tied: Tensor) -> Tensor:
+    """Ranks ``[B, N, L]`` of the groups of ``tied [B, L]`` in the order of their heads in ``ranks``, shared
+    by all members and numbered so that the last group has rank ``L - 1`` (``ranks`` itself without ties)."""
+    heads = tied.unsqueeze(1).expand_as(ranks)
+    in_order = (heads == torch.arange(ranks.shape[-1], device=ranks.device)).gather(-1, ranks.argsort(-1))
+    heads_from = in_order.flip(-1).cumsum(-1).flip(-1)  # number of heads at this step or after
+    return ranks.shape[-1] - heads_from.gather(-1, ranks.gather(-1, heads))
+
+
 @torch.no_grad()
 def sample_sequences(
     model: ProteinMPNN,
@@ -73,6 +104,7 @@ def sample_sequences(
     seeds: Sequence[int],
     omit_aas: str = "",
     bias: Tensor | None = None,
+    tied: Tensor | None = None,
 ) -> Samples:
     """Sample ``num_samples`` sequences per structure of a ``collate`` batch, decoding incrementally.
 
@@ -84,6 +116,11 @@ def sample_sequences(
     ``omit_aas`` excluded (``bias [21]`` is added to the logits); ``temperature == 0`` takes the argmax.
     Samples depend on the seed, not on the batch (for structures of at least ``k_neighbors`` residues;
     shorter ones also see padding as neighbours, as in the reference).
+
+    ``tied [B, L]`` ties designed positions, as ProteinMPNN's ``tied_sample`` (e.g. a homo-oligomer's chains):
+    each position gives the first position (head) of its group, a lone position its own index. A group is
+    decoded at one step, at its head's place in the random order (its members share one rank and do not see
+    each other), and all members get one token drawn with the mean of their logits (``tied_beta`` = 1).
     """
     if temperature < 0:
         raise ValueError(f"temperature must be >= 0, got {temperature}")
@@ -98,9 +135,13 @@ def sample_sequences(
     bias, allowed = bias.to(device), allowed_tokens(omit_aas).to(device)
     mask, native = batch["mask"].to(device), batch["native"].to(device)
     decoded = (batch["decode_mask"].to(device) * mask) > 0
+    L = mask.shape[1]
+    tied = torch.arange(L, device=device).expand_as(mask) if tied is None else tied.to(device, torch.long)
+    members, size = tie_groups(tied, decoded)
     lengths = batch["length"].tolist()
     ranks = decoding_ranks(decoded.float(), mask, seeds, num_orders=num_samples, lengths=lengths)
-    noise = gumbel_noise(seeds, lengths, num_samples, mask.shape[1]).to(device)
+    ranks = tied_ranks(ranks, tied)
+    noise = gumbel_noise(seeds, lengths, num_samples, L).to(device)
     enc = model.encode(**{name: value.to(device) for name, value in structure_inputs(batch).items()})
     mask_bw = mask[:, :, None, None] * causal_neighbor_mask(ranks, enc.E_idx)
     tokens = native.unsqueeze(-1).repeat(1, 1, num_samples)  # [B, L, N]
@@ -109,15 +150,22 @@ def sample_sequences(
     states = [enc.h_V.unsqueeze(2).expand_as(h_S).contiguous()]
     for layer in model.decoder_layers:
         states.append(layer(states[-1], h_S, enc, mask_bw) if context else torch.zeros_like(states[0]))
-    order = ranks.argsort(-1).transpose(1, 2)  # [B, step, N]
-    L, num_steps = mask.shape[1], int(decoded.sum(-1).max())
+    # the head of the group of each rank [B, N, L]; ranks below a structure's first group take that group
+    head_at = torch.empty_like(ranks).scatter_(-1, ranks, tied.unsqueeze(1).expand_as(ranks))
+    first_rank = L - (size > 0).sum(-1).view(-1, 1, 1)
+    head_at = head_at.gather(-1, torch.arange(L, device=device).clamp(min=first_rank).expand_as(ranks))
+    num_steps = int(((size > 0) & decoded).sum(-1).max())
     for step in range(L - num_steps, L):
-        positions = order[:, step : step + 1]
+        head = head_at[:, :, step]
+        positions = gather_nodes(members, head).transpose(1, 2)  # [B, Q, N]
         for layer, h_in, h_out in zip(model.decoder_layers, states[:-1], states[1:], strict=True):
             h = layer(h_in, h_S, enc, mask_bw, positions)
             scatter_sample_nodes(h_out, positions, h)
+        count = gather_nodes(size, head).unsqueeze(1)  # [B, 1, N]
+        counted = torch.arange(positions.shape[1], device=device).view(1, -1, 1) < count
+        logits = (model.W_out(h) * counted.unsqueeze(-1)).sum(1, keepdim=True) / count.unsqueeze(-1)
         choice = choose_tokens(
-            model.W_out(h), bias, allowed, gather_sample_nodes(noise, positions), temperature
+            logits, bias, allowed, gather_sample_nodes(noise, head.unsqueeze(1)), temperature
         )
         token = torch.where(gather_nodes(decoded, positions), choice, gather_nodes(native, positions))
         scatter_sample_nodes(tokens, positions, token)

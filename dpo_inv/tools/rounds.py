@@ -25,7 +25,7 @@ from dpo_inv.tools.pairs import STRATEGIES, PairsConfig, pairs_file
 from dpo_inv.tools.reward_fn import RewardError, RewardFunction, compute_rewards
 from dpo_inv.tools.sample import SampleConfig, sample_structure
 from dpo_inv.tools.targets import Targets, load_targets
-from dpo_inv.training.config import EXIT_BAD_INPUT, DPOConfig, field_help
+from dpo_inv.training.config import EXIT_BAD_INPUT, DPOConfig, check_signs, field_help
 from dpo_inv.training.loading import load_data
 from dpo_inv.training.plot import plot_rounds
 from dpo_inv.training.stopping import TrainingStopped
@@ -93,13 +93,12 @@ class RoundsConfig(DPOConfig):
         super().__post_init__()
         if self.targets_file is None:
             raise ValueError("targets_file is required: the design targets, one JSON line each")
-        for name in ("num_rounds", "sampling_batch_size"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be at least 1")
+        check_signs(self, positive=("num_rounds", "sampling_batch_size", "top_k", "max_pairs_per_structure"),
+                    non_negative=("sampling_temperature", "min_margin"))  # fmt: skip
         if self.num_samples < 2:
             raise ValueError("num_samples must be at least 2: pairs need two samples of a target")
-        if self.sampling_temperature < 0:
-            raise ValueError("sampling_temperature must be >= 0")
+        if not 0 <= self.labels_from_quantile < 1:
+            raise ValueError(f"labels_from_quantile must be in [0, 1), got {self.labels_from_quantile}")
 
 
 @dataclass

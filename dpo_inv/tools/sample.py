@@ -39,6 +39,7 @@ from dpo_inv.structures.parse import (
     protein_chains,
     read_model,
 )
+from dpo_inv.training.config import check_signs
 from dpo_inv.training.launch import resolve_device
 
 STRUCTURE_SUFFIXES = (".gz", ".pdb", ".ent", ".cif", ".mmcif")
@@ -96,13 +97,7 @@ class SampleConfig:
     def __post_init__(self) -> None:
         if self.structure is None and self.structure_list is None:
             raise ValueError("give --structure or --structure_list")
-        for name in ("num_samples", "batch_size"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"--{name} must be >= 1, got {getattr(self, name)}")
-        if self.temperature < 0:
-            raise ValueError(f"--temperature must be >= 0, got {self.temperature}")
-        if self.seed < 0:
-            raise ValueError(f"--seed must be >= 0, got {self.seed}")
+        check_signs(self, positive=("num_samples", "batch_size"), non_negative=("temperature", "seed"))
 
 
 def parse_bias(spec: str) -> Tensor:

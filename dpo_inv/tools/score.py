@@ -32,6 +32,7 @@ from dpo_inv.models.weights import (
     shared_parse_options,
 )
 from dpo_inv.structures.context import empty_context_note
+from dpo_inv.training.config import check_signs
 from dpo_inv.training.launch import resolve_device
 from dpo_inv.training.loss import PairLogps, batch_ranks, pair_logps
 
@@ -81,6 +82,9 @@ class ScoreConfig:
     cache_dir: str | None = field(default=None, metadata={"help": "Cache for parsed structures."})
     ligand_context: bool = field(default=True, metadata={"help": LIGAND_CONTEXT_HELP})
     ligand_exclude: list[str] = field(default_factory=list, metadata={"help": LIGAND_EXCLUDE_HELP})
+
+    def __post_init__(self) -> None:
+        check_signs(self, positive=("num_orders", "batch_size"), non_negative=("seed",))
 
 
 @torch.no_grad()

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import argparse
+import difflib
+import sys
 from dataclasses import asdict, dataclass, field, fields
 from importlib.util import find_spec
-from typing import Literal
+from typing import Any, Literal, NoReturn
 
+import yaml
 from accelerate.utils import LoggerType
 from trl import TrlParser
 
@@ -31,6 +35,16 @@ EPILOG = (
     "with a non-finite loss or gradient norm; 1 on another error, which each failing rank reports as a "
     "last line 'rank R: ...' on stderr. A second signal ends the process at once."
 )
+
+
+def check_signs(config: Any, positive: tuple[str, ...] = (), non_negative: tuple[str, ...] = ()) -> None:
+    """Refuse a number of the wrong sign (or NaN) among the named options; None passes (not set)."""
+    for names, rule in ((positive, "> 0"), (non_negative, ">= 0")):
+        for name in names:
+            value = getattr(config, name)
+            for number in value if isinstance(value, list) else [value]:
+                if number is not None and not (number > 0 if rule == "> 0" else number >= 0):
+                    raise ValueError(f"{name} must be {rule}, got {value}")
 
 
 def field_help(text: str, **kwargs) -> dict:
@@ -296,17 +310,32 @@ class DPOConfig:
                 f"report_to {', '.join(missing)}: not installed; pip install {packages} (the trackers "
                 "extra has tensorboard and wandb: pip install 'dpo_inv[trackers]')"
             )
+        check_signs(
+            self,
+            positive=("beta", "learning_rate", "num_train_epochs", "per_device_train_batch_size",
+                      "per_device_eval_batch_size", "gradient_accumulation_steps", "num_decoding_orders",
+                      "logging_steps", "eval_steps", "save_steps", "dataset_num_proc", "ddp_timeout",
+                      "max_consecutive_nonfinite"),
+            non_negative=("backbone_noise", "eval_split", "weight_decay", "warmup_ratio", "warmup_steps",
+                          "max_grad_norm", "label_smoothing", "rpo_alpha", "residue_margin",
+                          "residue_constraint_weight", "desirable_weight", "undesirable_weight",
+                          "dataloader_num_workers", "loss_weights"),
+        )  # fmt: skip
+        limits = (("eval_split", self.eval_split < 1, "< 1"),
+                  ("warmup_ratio", self.warmup_ratio <= 1, "<= 1"),
+                  ("label_smoothing", self.label_smoothing < 0.5, "< 0.5"))  # fmt: skip
+        for name, ok, rule in limits:
+            if not ok:
+                raise ValueError(f"{name} must be {rule}, got {getattr(self, name)}")
+        if self.max_steps == 0 or self.max_steps < -1:
+            raise ValueError(f"max_steps must be > 0, or -1 (train num_train_epochs), got {self.max_steps}")
         self.check_losses()
         if self.decoding_order not in ("random", "left_to_right"):
             raise ValueError("decoding_order must be random or left_to_right")
         if self.reference_free and self.precompute_ref_log_probs:
             raise ValueError("reference_free and precompute_ref_log_probs exclude each other")
-        if "robust" in self.loss_type and not 0 <= self.label_smoothing < 0.5:
-            raise ValueError("robust loss needs 0 <= label_smoothing < 0.5")
         if self.save_total_limit is not None and self.save_total_limit < 1:
             raise ValueError("save_total_limit must be at least 1 (or None: keep all)")
-        if self.max_consecutive_nonfinite < 1:
-            raise ValueError("max_consecutive_nonfinite must be at least 1")
 
         self.resolve_metric_for_best_model()
 
@@ -325,6 +354,8 @@ class DPOConfig:
             self.loss_weights = [1.0] * len(self.loss_type)
         if len(self.loss_weights) != len(self.loss_type):
             raise ValueError("loss_weights needs one weight per loss_type")
+        if not any(self.loss_weights) or not (self.desirable_weight or self.undesirable_weight):
+            raise ValueError("the loss weights are all 0: nothing would be trained")
         if self.rpo_alpha is not None:
             if "sft" in self.loss_type:
                 raise ValueError("give rpo_alpha or an sft loss_type, not both (rpo_alpha adds sft)")
@@ -375,12 +406,56 @@ class DPOConfig:
         return {k: v if isinstance(v, (bool, int, float, str)) else str(v) for k, v in self.to_dict().items()}
 
 
-def parse_config(args: list[str] | None = None) -> DPOConfig:
-    """`--config FILE.yaml` plus `--field value` overrides (command line wins); a bad value exits with
-    status 2 and a one-line message, as argparse does."""
-    parser = TrlParser(dataclass_types=[DPOConfig], epilog=EPILOG)
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """Defaults shown, the command's docstring as written."""
+
+
+def command_parser(
+    config_class: type, prog: str, description: str | None = None, epilog: str | None = None
+) -> TrlParser:
+    """The parser of a command whose options are the fields of ``config_class``, with TRL's `--config
+    FILE.yaml`; a short usage line, and `--no_X` described as what it does."""
+    usage = "%(prog)s [--config FILE.yaml] [--option value ...] (--help: all)"
+    parser = TrlParser(
+        dataclass_types=[config_class], prog=prog, description=description, epilog=epilog,
+        formatter_class=HelpFormatter, usage=usage,
+    )  # fmt: skip
+    for action in parser._actions:
+        if isinstance(action, argparse._StoreFalseAction) and action.option_strings[0].startswith("--no_"):
+            action.help, action.default = f"Turn --{action.dest} off.", argparse.SUPPRESS
+    return parser
+
+
+def exit_bad_input(parser: argparse.ArgumentParser, message: str) -> NoReturn:
+    """Exit with status 2 and one line, as argparse's errors end (without their usage text)."""
+    parser.exit(EXIT_BAD_INPUT, f"{parser.prog}: error: {message}\n")
+
+
+def parse_command(parser: TrlParser, args: list[str] | None = None) -> list[Any]:
+    """The dataclass (and any extra positional arguments) of `--config FILE.yaml` plus `--field value`
+    overrides (command line wins). A bad value or an unknown key of the file exits with status 2 and one
+    line; an unknown key is named with the closest option."""
+    args = list(sys.argv[1:] if args is None else args)
     try:
-        (config,) = parser.parse_args_and_config(args)
-    except ValueError as err:
-        parser.error(str(err))
+        *outputs, from_file, unknown = parser.parse_args_and_config(
+            args, return_remaining_strings=True, separate_remaining_strings=True
+        )
+    except (ValueError, OSError, yaml.YAMLError) as err:
+        exit_bad_input(parser, " ".join(str(err).split()))
+    if unknown:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    keys = [text[2:] for text in from_file if text.startswith("--")]
+    if keys:
+        options = [action.dest for action in parser._actions]
+        closest = {key: difflib.get_close_matches(key, options, 1) for key in keys}
+        named = [f"{key} (did you mean {close[0]}?)" if close else key for key, close in closest.items()]
+        path = args[args.index("--config") + 1]
+        exit_bad_input(parser, f"{path}: unknown key {', '.join(named)}")
+    return outputs
+
+
+def parse_config(args: list[str] | None = None) -> DPOConfig:
+    """`--config FILE.yaml` plus `--field value` overrides; a bad value exits with status 2 in one line."""
+    description = "DPO training (and KTO, ResiDPO) of ProteinMPNN and LigandMPNN models."
+    (config,) = parse_command(command_parser(DPOConfig, "python -m dpo_inv.run", description, EPILOG), args)
     return config
