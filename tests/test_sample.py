@@ -30,6 +30,9 @@ HEADER = re.compile(
     r"^>(?P<name>\w+)\|chains=(?P<chains>[\w,]+)\|sample=(?P<sample>\d+)\|T=(?P<T>[\d.]+)\|seed=(?P<seed>\d+)"
     r"\|log_likelihood=(?P<ll>-?[\d.]+)\|recovery=(?P<recovery>[\d.]+)$"
 )
+NATIVE = re.compile(
+    r"^>(?P<name>\w+)\|native\|chains=(?P<chains>[\w,]+)\|model=(?P<model>[\w/.]+)\|T=(?P<T>[\d.]+)"
+)
 
 
 @pytest.fixture(scope="module")
@@ -189,11 +192,15 @@ def test_fixed_positions_follow_author_numbering_with_insertion_codes():
     }
 
 
-def read_fasta(path: Path) -> list[tuple[re.Match, str]]:
+def read_fasta(path: Path, native: str | None = None) -> list[tuple[re.Match, str]]:
+    """The samples of a FASTA file the command wrote (chain separators removed), after checking its first
+    record: the native sequence (`native`, with / between chains, when given)."""
     lines = path.read_text().splitlines()
-    headers = [HEADER.match(line) for line in lines[::2]]
-    assert all(headers), lines[::2]
-    return list(zip(headers, lines[1::2], strict=True))
+    assert NATIVE.match(lines[0]), lines[0]
+    assert native is None or lines[1] == native
+    headers = [HEADER.match(line) for line in lines[2::2]]
+    assert all(headers), lines[2::2]
+    return list(zip(headers, [line.replace("/", "") for line in lines[3::2]], strict=True))
 
 
 def run(capsys: pytest.CaptureFixture, *args: str) -> str:
@@ -205,8 +212,8 @@ def test_command_writes_fasta_and_jsonl_reproducibly(tmp_path, capsys):
     args = ["--structure", str(STRUCTURES / "2xcjA.pdb.gz"), "--num_samples", "3", "--batch_size", "2"]
     out = run(capsys, *args, "--seed", "7", "--temperature", "0.2", "--output_dir", str(tmp_path / "a"))
     assert out.startswith("2xcjA: 3 samples of chains A, mean log-likelihood")
-    records = read_fasta(tmp_path / "a" / "2xcjA.fa")
     native = parse_structure(STRUCTURES / "2xcjA.pdb.gz")["A"].sequence
+    records = read_fasta(tmp_path / "a" / "2xcjA.fa", native)
     rows = [json.loads(line) for line in (tmp_path / "a" / "samples.jsonl").read_text().splitlines()]
     assert [h["sample"] for h, _ in records] == ["1", "2", "3"] and len(rows) == 3
     for (header, sequence), row in zip(records, rows, strict=True):
@@ -225,7 +232,7 @@ def test_command_writes_fasta_and_jsonl_reproducibly(tmp_path, capsys):
             0.2,
             7,
         )
-        assert row["structure"] == str(STRUCTURES / "2xcjA.pdb.gz")
+        assert row["structure"] == str(STRUCTURES / "2xcjA.pdb.gz")  # absolute, as given
     run(capsys, *args, "--seed", "7", "--temperature", "0.2", "--output_dir", str(tmp_path / "b"))
     run(capsys, *args, "--seed", "8", "--temperature", "0.2", "--output_dir", str(tmp_path / "c"))
     for name in ("2xcjA.fa", "samples.jsonl"):
@@ -261,8 +268,12 @@ def test_command_designs_every_structure_of_a_list(tmp_path, capsys):
         capsys, "--structure_list", str(listing), "--num_samples", "1", "--output_dir", str(tmp_path / "o")
     )
     assert [line.split(":")[0] for line in out.splitlines()] == ["2xcjA", "1hvr"]
-    ((header, sequence),) = read_fasta(tmp_path / "o" / "1hvr.fa")
+    chains = parse_structure(STRUCTURES / "1hvr.pdb.gz")
+    ((header, sequence),) = read_fasta(
+        tmp_path / "o" / "1hvr.fa", f"{chains['A'].sequence}/{chains['B'].sequence}"
+    )
     assert header["chains"] == "A,B" and len(sequence) == 196
+    assert (tmp_path / "o" / "1hvr.fa").read_text().splitlines()[3].index("/") == len(chains["A"].sequence)
     rows = [json.loads(line) for line in (tmp_path / "o" / "samples.jsonl").read_text().splitlines()]
     assert [(Path(r["structure"]).name, r["design_chains"]) for r in rows] == [
         ("2xcjA.pdb", ["A"]),

@@ -25,6 +25,7 @@ from dpo_inv.data.records import (
     is_file,
     load_records,
     raise_bad_records,
+    records_folder,
 )
 from dpo_inv.structures.membrane import membrane_labels
 from dpo_inv.structures.parse import ALPHABET, PROTEINMPNN_PARSE, ParseOptions, tokenize
@@ -239,7 +240,7 @@ def load_pairs(
         raise ValueError(f"on_bad_record must be one of {ON_BAD_RECORD}, got {on_bad_record!r}")
     records = load_records(data, name)
     source = data_name(data, name)
-    root = Path(data).resolve().parent if is_file(data) else Path.cwd()
+    root = records_folder(data)
     root_name = "the data file's folder" if is_file(data) else "the working directory"
     allowed = [Path(folder).resolve() for folder in structure_roots]
     bad: dict[int, BadRecord] = {}

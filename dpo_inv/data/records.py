@@ -263,6 +263,31 @@ def raise_bad_records(errors: list[str]) -> None:
     raise DataError("\n".join(shown) + more)
 
 
+def records_folder(data: Data) -> Path:
+    """The folder relative structure paths of `data` are relative to: a file's own, else the working
+    directory."""
+    return Path(data).resolve().parent if is_file(data) else Path.cwd()
+
+
+def rebase_paths(rows: list[dict], source: Path, target: str | Path | None) -> list[dict]:
+    """`rows` as they are written to a file in folder `target`, their structure paths (`pdb_file`,
+    `structure`) having been relative to folder `source`: an absolute path stays as it is; a relative one
+    becomes relative to `target` when that names the same file (through links too), else (and without a
+    `target`) absolute."""
+    out = []
+    for row in rows:
+        row = dict(row)
+        for key in ("pdb_file", "structure"):
+            path = row.get(key)
+            if isinstance(path, str) and path and not os.path.isabs(path):
+                full = os.path.normpath(source / path)
+                relative = os.path.relpath(full, Path(target).absolute()) if target is not None else full
+                same = target is not None and (Path(target) / relative).resolve() == Path(full).resolve()
+                row[key] = relative if same else full
+        out.append(row)
+    return out
+
+
 def write_text(path: str | Path, text: str) -> None:
     """Write through a temporary file: a killed write leaves the old file."""
     path = Path(path)

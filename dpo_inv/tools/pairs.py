@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -23,6 +22,8 @@ from dpo_inv.data.records import (
     as_table,
     load_records,
     raise_bad_records,
+    rebase_paths,
+    records_folder,
     write_jsonl,
 )
 from dpo_inv.models.weights import model_parse_options
@@ -41,7 +42,9 @@ STRATEGIES = {
 
 @dataclass
 class PairsConfig:
-    output: str = field(metadata={"help": "Output pairs (JSONL); pdb_file paths are relative to its folder."})
+    output: str = field(
+        metadata={"help": "Output pairs (JSONL); a relative pdb_file is made relative to its folder."}
+    )
     data: str | None = field(default=None, metadata={"help": "The scored sequences, instead of SCORED_FILE."})
     strategy: Literal["best_vs_worst", "all", "top_vs_rest", "same_position"] = field(
         default="best_vs_worst", metadata={"help": "; ".join(f"{k}: {v}" for k, v in STRATEGIES.items())}
@@ -240,14 +243,11 @@ def _pair_record(pair: Pair, structure: dict, config: PairsConfig) -> dict:
     return out
 
 
-def _structure_fields(structures: datasets.Dataset, sid: int, first: dict, folder: Path | None) -> dict:
-    """pdb_file relative to `folder` (absolute without one), and the chains as the group's first record
-    gives them."""
+def _structure_fields(structures: datasets.Dataset, sid: int, first: dict) -> dict:
+    """pdb_file and the chains as the group's first record gives them."""
     row = structures[sid]
     design, fixed = row["design_chains"], row["fixed_chains"]
-    out: dict[str, Any] = {
-        "pdb_file": row["path"] if folder is None else os.path.relpath(row["path"], folder)
-    }
+    out: dict[str, Any] = {"pdb_file": first.get("pdb_file") or first["structure"]}
     if first.get("chain_id") not in (None, ""):
         out["chain_id"] = design[0]
     else:
@@ -299,11 +299,9 @@ def check_options(config: PairsConfig) -> None:
             )
 
 
-def pair_rows(
-    data: Data, config: PairsConfig, folder: Path | None, name: str = "scored"
-) -> tuple[list[dict], dict]:
+def pair_rows(data: Data, config: PairsConfig, name: str = "scored") -> tuple[list[dict], dict]:
     """The pairs (or labelled sequences) of the scored sequences of `data` (a file or records in memory),
-    with `pdb_file` relative to `folder` (absolute without one), and the summary."""
+    with `pdb_file` as the records give it, and the summary."""
     check_options(config)
     records = load_records(data, name)
     options = model_parse_options(config.model) if config.model else PROTEINMPNN_PARSE
@@ -316,7 +314,7 @@ def pair_rows(
     rows = []
     labelling = config.labels_from_score is not None or config.labels_from_quantile is not None
     for sid, group in groups.items():
-        structure = _structure_fields(structures, sid, group.first, folder)
+        structure = _structure_fields(structures, sid, group.first)
         if labelling:
             labels = group_labels(group.items, config)
             labelled = zip(group.items, labels, strict=True)
@@ -377,7 +375,8 @@ def make_pairs(
     return). Sequences are grouped by structure and chains; `strategy` is one of: best_vs_worst (i-th best
     against i-th worst of each group), all, top_vs_rest (the `top_k` best against the others),
     same_position (single mutants against other mutants at the same position). A pair needs a score
-    difference > 0 and >= `min_margin`. `pdb_file` is absolute. Returns a DataFrame when `scored` is one,
+    difference > 0 and >= `min_margin`. `pdb_file` is absolute (a relative one was relative to the
+    working directory). Returns a DataFrame when `scored` is one,
     else a list of dicts; bad records raise one `DataError` (a `ValueError`), a line each.
     """
     config = PairsConfig(output="", strategy=strategy, score_field=score_field,
@@ -387,14 +386,14 @@ def make_pairs(
                          weight_by_margin=weight_by_margin, labels_from_score=labels_from_score,
                          labels_from_quantile=labels_from_quantile, seed=seed, model=model,
                          cache_dir=cache_dir)  # fmt: skip
-    rows, _ = pair_rows(scored, config, None)
-    return as_table(scored, rows)
+    rows, _ = pair_rows(scored, config)
+    return as_table(scored, rebase_paths(rows, records_folder(scored), None))
 
 
 def pairs_file(config: PairsConfig) -> dict:
-    """`python -m dpo_inv.pairs`: read `config.data`, write the pairs to `config.output` (pdb_file relative
-    to its folder), return the summary."""
+    """`python -m dpo_inv.pairs`: read `config.data`, write the pairs to `config.output` (a relative
+    pdb_file relative to its folder, an absolute one as it was), return the summary."""
     output = Path(config.output)
-    rows, summary = pair_rows(config.data, config, output.resolve().parent)
-    write_jsonl(output, rows)
+    rows, summary = pair_rows(config.data, config)
+    write_jsonl(output, rebase_paths(rows, records_folder(config.data), output.parent))
     return {**summary, "output": str(output)}

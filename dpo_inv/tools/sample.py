@@ -17,6 +17,7 @@ from torch import Tensor
 
 from dpo_inv.data.batches import collate
 from dpo_inv.data.progress import progress
+from dpo_inv.data.records import rebase_paths
 from dpo_inv.models.mpnn import ProteinMPNN, ProteinMPNNConfig, derive_seed
 from dpo_inv.models.sampling import allowed_tokens, sample_sequences
 from dpo_inv.models.weights import (
@@ -93,6 +94,10 @@ class SampleConfig:
     device: str | None = field(default=None, metadata={"help": "cpu, cuda, ...; default: cuda if available."})
     ligand_context: bool = field(default=True, metadata={"help": LIGAND_CONTEXT_HELP})
     ligand_exclude: list[str] = field(default_factory=list, metadata={"help": LIGAND_EXCLUDE_HELP})
+    overwrite: bool = field(
+        default=False,
+        metadata={"help": "Replace the samples.jsonl of an earlier run in output_dir (else: refused)."},
+    )
 
     def __post_init__(self) -> None:
         if self.structure is None and self.structure_list is None:
@@ -186,6 +191,7 @@ class Design:
     path: Path
     name: str
     design_chains: list[str]
+    chain_lengths: list[int]
     example: dict[str, Any]
     num_context_atoms: int = 0
 
@@ -236,7 +242,8 @@ def prepare_design(
     }
     context = context_atoms(structure, options)
     example |= {"context_xyz": context.xyz.reshape(-1), "context_element": context.element}
-    return Design(path, structure_name(path), design, example, len(context))
+    lengths = [len(chains[c].sequence) for c in design]
+    return Design(path, structure_name(path), design, lengths, example, len(context))
 
 
 def sample_structure(
@@ -271,13 +278,34 @@ def sample_structure(
     return records
 
 
-def write_fasta(handle: TextIO, name: str, records: list[dict[str, Any]]) -> None:
-    """One FASTA record per sample: the designed chains' sequence under a header of its fields."""
+def chain_split(sequence: str, lengths: Sequence[int]) -> str:
+    """The designed chains' sequence with ProteinMPNN's `/` between chains."""
+    ends = np.cumsum(lengths)
+    return "/".join(sequence[end - n : end] for n, end in zip(lengths, ends, strict=True))
+
+
+def run_settings(config: SampleConfig) -> str:
+    """The settings of a run as header fields: the model, temperature, seed and number of samples, and each
+    other option that is set."""
+    settings = {"model": config.model, "T": f"{config.temperature:g}", "seed": config.seed,
+                "num_samples": config.num_samples, "fixed_chains": ",".join(config.fixed_chains),
+                "fixed_positions": " ".join(config.fixed_positions), "omit_aas": config.omit_aas,
+                "bias_aas": config.bias_aas}  # fmt: skip
+    return "|".join(f"{key}={value}" for key, value in settings.items() if value != "")
+
+
+def write_fasta(handle: TextIO, design: Design, records: list[dict[str, Any]], settings: str) -> None:
+    """The native sequence under a header of the run's settings, then one record per sample, as
+    ProteinMPNN writes them: the designed chains separated by `/`, under a header of the sample's fields."""
+    native = "".join(ALPHABET[t] for t in design.example["chosen"])
+    chains = ",".join(design.design_chains)
+    handle.write(f">{design.name}|native|chains={chains}|{settings}\n")
+    handle.write(chain_split(native, design.chain_lengths) + "\n")
     for r in records:
         handle.write(
-            f">{name}|chains={','.join(r['design_chains'])}|sample={r['sample']}|T={r['temperature']:g}"
+            f">{design.name}|chains={chains}|sample={r['sample']}|T={r['temperature']:g}"
             f"|seed={r['seed']}|log_likelihood={r['log_likelihood']:.3f}|recovery={r['recovery']:.3f}\n"
-            f"{r['sequence']}\n"
+            f"{chain_split(r['sequence'], design.chain_lengths)}\n"
         )
 
 
@@ -342,14 +370,20 @@ def sample_file(config: SampleConfig) -> None:
     paths = [Path(config.structure)] if config.structure else []
     if config.structure_list:
         paths += read_structure_list(Path(config.structure_list))
+    output = Path(config.output_dir)
+    if (output / "samples.jsonl").exists() and not config.overwrite:
+        raise ValueError(
+            f"{output / 'samples.jsonl'} holds the samples of an earlier run; give another --output_dir, or "
+            "--overwrite to replace them"
+        )
     designs, bias = prepare_designs(read_config(config.model), paths, config)
     names = [d.name for d in designs]
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
         raise ValueError(f"several structures are named {', '.join(duplicates)}: their .fa files would clash")
     model = load_model(config.model).to(resolve_device(config.device)).eval()
-    output = Path(config.output_dir)
     output.mkdir(parents=True, exist_ok=True)
+    settings = run_settings(config)
     with (
         open(output / "samples.jsonl", "w", encoding="utf-8") as jsonl,
         progress(designs, desc="Sampling", unit="structure", disable=len(designs) < 2) as bar,
@@ -358,8 +392,8 @@ def sample_file(config: SampleConfig) -> None:
             records = sample_structure(model, design, config, bias)
             fasta = output / f"{design.name}.fa"
             with open(fasta, "w", encoding="utf-8") as handle:
-                write_fasta(handle, design.name, records)
-            jsonl.writelines(json.dumps(r) + "\n" for r in records)
+                write_fasta(handle, design, records, settings)
+            jsonl.writelines(json.dumps(r) + "\n" for r in rebase_paths(records, Path.cwd(), output))
             bar.write(
                 f"{design.name}: {len(records)} samples of chains {','.join(design.design_chains)}, "
                 f"mean log-likelihood {np.mean([r['log_likelihood'] for r in records]):.3f}, "

@@ -6,6 +6,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 import numpy as np
@@ -15,7 +16,14 @@ from torch.utils.data import DataLoader, Subset
 from dpo_inv.data.batches import PreferenceDataset, collate
 from dpo_inv.data.dataset import PAIR_FIELDS, SEQUENCE_FIELDS, load_pairs
 from dpo_inv.data.featurized import context_counts
-from dpo_inv.data.records import Data, as_table, load_records, write_jsonl
+from dpo_inv.data.records import (
+    Data,
+    as_table,
+    load_records,
+    rebase_paths,
+    records_folder,
+    write_jsonl,
+)
 from dpo_inv.models.mpnn import ProteinMPNN
 from dpo_inv.models.variants import (
     conditional_deltas,
@@ -259,5 +267,6 @@ def score_file(config: ScoreConfig) -> dict:
     summary = {"count": summary.pop("count"), "model": config.model, "reference": config.reference, **summary}
     if config.per_structure_output and table:
         write_jsonl(config.per_structure_output, table)
-    write_jsonl(config.output, rows)
+    output = Path(config.output)
+    write_jsonl(output, rebase_paths(rows, records_folder(config.data), output.parent))
     return summary
