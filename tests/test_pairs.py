@@ -306,3 +306,43 @@ def test_dpo_inv_pairs_command(tmp_path, cache):
     assert summary == {"records": 3, "groups": 1, "pairs": 3, "merged_duplicates": 0, "mean_margin": 1.333,
                        "strategy": "all", "output": str(output)}  # fmt: skip
     assert [p["score_margin"] for p in read(output)] == [1.0, 2.0, 1.0]
+
+
+def test_a_length_that_fits_the_other_model_family_names_it(tmp_path, cache):
+    """1hvr chain A: 98 residues as ProteinMPNN reads it, 99 as LigandMPNN does (a modified residue)."""
+    rng = np.random.default_rng(0)
+    structure = {"pdb_file": str(SHARED / "structures" / "1hvr.pdb.gz"), "chain_id": "A"}
+    rows = [{**structure, "sequence": "".join(rng.choice(list("ACDEFGHIKLMNPQRSTVWY"), 99)), "score": s}
+            for s in (1.0, 2.0)]  # fmt: skip
+    with pytest.raises(DataError) as err:
+        run(tmp_path, rows, cache)
+    first = str(err.value).splitlines()[0]
+    assert first.endswith(
+        "have 98 residues; give one letter per residue of the designed chains, in chain order; it fits them "
+        "as LigandMPNN models read them: give one, e.g. --model ligand/v_32_010_25"
+    )
+    summary, pairs = run(tmp_path, rows, cache, model="ligand/v_32_010_25")
+    assert summary["pairs"] == 1 and len(pairs[0]["preferred_seq"]) == 99
+    rows = [{**row, "sequence": row["sequence"][:97]} for row in rows]  # fits neither: no hint
+    with pytest.raises(DataError) as err:
+        run(tmp_path, rows, cache)
+    assert str(err.value).splitlines()[0].endswith("in chain order")
+
+
+def test_structure_paths_stay_absolute_or_become_relative_to_the_output(tmp_path, cache):
+    (tmp_path / "structures").mkdir()
+    (tmp_path / "link").symlink_to(SHARED / "structures")
+    absolute = str(tmp_path / "link" / "2xcjA.pdb.gz")  # through a link: kept as written
+    (tmp_path / "structures" / "2xcjA.pdb.gz").write_bytes(
+        (SHARED / "structures" / "2xcjA.pdb.gz").read_bytes()
+    )
+    for pdb_file, expected in (
+        (absolute, absolute),
+        ("../structures/2xcjA.pdb.gz", "../../structures/2xcjA.pdb.gz"),
+    ):
+        rows = [{**row, "pdb_file": pdb_file} for row in group("2xcjA", [1.0, 2.0])]
+        data = write(tmp_path / "in" / "scored.jsonl", rows)
+        output = tmp_path / "out" / "deep" / "pairs.jsonl"
+        pairs_file(PairsConfig(output=str(output), data=str(data), cache_dir=str(cache)))
+        assert [pair["pdb_file"] for pair in read(output)] == [expected]
+        assert len(load_pairs(str(output), str(cache)).pairs) == 1  # readable where it was written

@@ -96,9 +96,11 @@ def test_greedy_token_takes_the_mean_of_the_tied_logits(model, dimer):
 
 
 def test_groups_of_different_sizes_in_a_batch(model):
-    batch = make_batch(("2xcjA.pdb.gz", ["A:10-20"]), ("1eteA.pdb.gz", []))
-    groups = [(30, 35, 50), (60, 61), (3, 70)]
-    tied = torch.stack([ties(batch["mask"].shape[1], *groups), torch.arange(batch["mask"].shape[1])])
+    """1hvr, ties of 2 and 3 positions and no context, has fewer steps than 3gfsA beside it."""
+    batch = make_batch(("1hvr.pdb.gz", []), ("3gfsA.pdb.gz", []))
+    L = batch["mask"].shape[1]
+    groups = [(0, CHAIN, 50), *[(i, i + CHAIN) for i in range(1, 40)]]
+    tied = torch.stack([ties(L, *groups), torch.arange(L)])
     samples = sample_sequences(
         model, batch, num_samples=2, temperature=0.5, seeds=[7, 8], omit_aas="C", tied=tied
     )
@@ -107,10 +109,10 @@ def test_groups_of_different_sizes_in_a_batch(model):
         assert (samples.ranks[0, :, group] == samples.ranks[0, :, group[:1]]).all()
     assert not (samples.tokens[0] == ALPHABET.index("C")).any()
     check_log_probs(model, batch, samples)
-    alone = make_batch(("1eteA.pdb.gz", []))
+    alone = make_batch(("3gfsA.pdb.gz", []))
     n = alone["mask"].shape[1]
     expected = sample_sequences(model, alone, num_samples=2, temperature=0.5, seeds=[8], omit_aas="C")
-    assert torch.equal(samples.tokens[1, :, :n], expected.tokens[0])
+    assert n < L and torch.equal(samples.tokens[1, :, :n], expected.tokens[0])
     torch.testing.assert_close(samples.log_probs[1, :, :n], expected.log_probs[0], atol=1e-4, rtol=0)
 
 

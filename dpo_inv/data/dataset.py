@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -28,7 +29,14 @@ from dpo_inv.data.records import (
     records_folder,
 )
 from dpo_inv.structures.membrane import membrane_labels
-from dpo_inv.structures.parse import ALPHABET, PROTEINMPNN_PARSE, ParseOptions, tokenize
+from dpo_inv.structures.parse import (
+    ALPHABET,
+    PROTEINMPNN_PARSE,
+    ParseOptions,
+    protein_chains,
+    read_model,
+    tokenize,
+)
 
 ALIASES = {"structure": "pdb_file", "chosen": "preferred_seq", "rejected": "unpreferred_seq"}
 
@@ -102,6 +110,36 @@ def _mutable_mask(record: dict, num_designed: int) -> np.ndarray:
     return mask
 
 
+class LengthError(ValueError):
+    """A sequence whose length is not the designed chains' (`length` is the sequence's)."""
+
+    def __init__(self, message: str, length: int) -> None:
+        super().__init__(message)
+        self.length = length
+
+
+@functools.lru_cache(maxsize=64)
+def _designed_length(path: str, chains: tuple[str, ...], options: ParseOptions) -> int | None:
+    """The number of residues of `chains` of the structure at `path`, read as `options` say (None: a
+    chain is missing or the file does not parse)."""
+    try:
+        parsed = protein_chains(read_model(path), path, options)
+    except (OSError, ValueError):
+        return None
+    return sum(len(parsed[c].sequence) for c in chains) if set(chains) <= set(parsed) else None
+
+
+def other_reading_hint(path: str, chains: tuple[str, ...], options: ParseOptions, length: int) -> str:
+    """When a sequence of `length` residues fits `chains` as the other model family reads the structure
+    (LigandMPNN counts modified residues, ProteinMPNN does not), the fix that says so; else nothing."""
+    other = ParseOptions(ligand_mpnn=not options.ligand_mpnn)
+    if _designed_length(path, chains, other) != length:
+        return ""
+    if other.ligand_mpnn:
+        return "; it fits them as LigandMPNN models read them: give one, e.g. --model ligand/v_32_010_25"
+    return "; it fits them as ProteinMPNN models read them: give one, e.g. --model vanilla/v_48_020"
+
+
 def _check_sequence(name: str, seq: Any, expected: int, pdb: str, chains: tuple[str, ...]) -> np.ndarray:
     if not isinstance(seq, str) or not seq:
         alias = {v: k for k, v in ALIASES.items()}.get(name)
@@ -113,9 +151,10 @@ def _check_sequence(name: str, seq: Any, expected: int, pdb: str, chains: tuple[
             "one-letter codes"
         )
     if len(seq) != expected:
-        raise ValueError(
+        raise LengthError(
             f"{name} has length {len(seq)} but designed chains {list(chains)} of {pdb} have {expected} "
-            "residues; give one letter per residue of the designed chains, in chain order"
+            "residues; give one letter per residue of the designed chains, in chain order",
+            len(seq),
         )
     return tokenize(seq)
 
@@ -265,6 +304,7 @@ def load_pairs(
         read = {
             name: list(structures[name]) for name in ("error", "num_designed", "design_chains", "residue_ids")
         }
+        paths = [key[0] for key in keys]
     columns: dict[str, list] = {name: [] for name in PAIR_FEATURES}
     for number, data, sid in usable:
         location = records[number].location
@@ -275,6 +315,11 @@ def load_pairs(
             row = _row(
                 data, fields, {name: column[sid] for name, column in read.items()}, require_residue_scores
             )
+        except LengthError as err:
+            path, chains = paths[sid], tuple(read["design_chains"][sid])
+            hint = other_reading_hint(path, chains, options, err.length)
+            bad[number] = BadRecord(location, f"{err}{hint}", records[number].data)
+            continue
         except (ValueError, TypeError) as err:
             bad[number] = BadRecord(location, str(err), records[number].data)
             continue

@@ -28,7 +28,8 @@ class Samples:
     ``tokens`` are ALPHABET indices (the native residue wherever a position is not designed).
     ``log_probs`` is log p of each token under the model itself: untempered, without bias or omitted amino
     acids, given the tokens decoded before it in the sample's order (0 at missing and padding positions),
-    so it equals what the teacher-forced model gives the final sequence. ``ranks`` are the decoding orders.
+    so it equals what the teacher-forced model gives the final sequence. ``ranks`` are the decoding orders
+    (tied positions share a rank).
     """
 
     tokens: Tensor
@@ -120,7 +121,8 @@ def sample_sequences(
     ``tied [B, L]`` ties designed positions, as ProteinMPNN's ``tied_sample`` (e.g. a homo-oligomer's chains):
     each position gives the first position (head) of its group, a lone position its own index. A group is
     decoded at one step, at its head's place in the random order (its members share one rank and do not see
-    each other), and all members get one token drawn with the mean of their logits (``tied_beta`` = 1).
+    each other), and all members get one token drawn with the mean of their logits (``tied_beta`` = 1), the
+    bias and the head's noise. Tied positions must be designed.
     """
     if temperature < 0:
         raise ValueError(f"temperature must be >= 0, got {temperature}")
@@ -150,7 +152,8 @@ def sample_sequences(
     states = [enc.h_V.unsqueeze(2).expand_as(h_S).contiguous()]
     for layer in model.decoder_layers:
         states.append(layer(states[-1], h_S, enc, mask_bw) if context else torch.zeros_like(states[0]))
-    # the head of the group of each rank [B, N, L]; ranks below a structure's first group take that group
+    # the head of the group of each rank [B, N, L]; steps before a structure's first group decode that group
+    # (which sees no other position), as its own step does again
     head_at = torch.empty_like(ranks).scatter_(-1, ranks, tied.unsqueeze(1).expand_as(ranks))
     first_rank = L - (size > 0).sum(-1).view(-1, 1, 1)
     head_at = head_at.gather(-1, torch.arange(L, device=device).clamp(min=first_rank).expand_as(ranks))
