@@ -314,3 +314,69 @@ def test_help_lists_every_option_with_its_default():
         assert f"--{option.name}" in result.stdout
     text = " ".join(result.stdout.split())
     assert "(default: vanilla/v_48_020)" in text and "(default: 0.1)" in text
+
+
+def test_homo_oligomer_and_tied_positions_give_tied_residues_one_amino_acid(tmp_path, capsys):
+    chains = parse_structure(STRUCTURES / "1hvr.pdb.gz")
+    n = len(chains["A"].sequence)
+    structure = ("--structure", str(STRUCTURES / "1hvr.pdb.gz"), "--num_samples", "3", "--temperature", "1")
+    run(capsys, *structure, "--homo_oligomer", "--output_dir", str(tmp_path / "homo"))
+    assert "|homo_oligomer=true" in (tmp_path / "homo" / "1hvr.fa").read_text().splitlines()[0]
+    for _, sequence in read_fasta(tmp_path / "homo" / "1hvr.fa"):
+        assert sequence[:n] == sequence[n:]
+    first, last = chains["A"].numbers[0], chains["A"].numbers[9]
+    tie = f"A:{first}-{last}=B:{first}-{last}"
+    run(capsys, *structure, "--tied_positions", tie, "--output_dir", str(tmp_path / "tied"))
+    sequences = [sequence for _, sequence in read_fasta(tmp_path / "tied" / "1hvr.fa")]
+    assert all(s[:10] == s[n : n + 10] for s in sequences)
+    assert any(s[:n] != s[n:] for s in sequences)  # the rest is not tied
+
+
+def test_temperature_0_left_to_right_is_one_deterministic_design(tmp_path, capsys):
+    args = ("--structure", str(STRUCTURES / "2xcjA.pdb.gz"), "--num_samples", "3", "--temperature", "0")
+    run(capsys, *args, "--decoding_order", "left_to_right", "--output_dir", str(tmp_path / "greedy"))
+    assert len({sequence for _, sequence in read_fasta(tmp_path / "greedy" / "2xcjA.fa")}) == 1
+    assert "|decoding_order=left_to_right" in (tmp_path / "greedy" / "2xcjA.fa").read_text().splitlines()[0]
+
+
+def test_a_second_run_into_one_folder_is_refused_unless_overwrite(tmp_path, capsys):
+    args = [
+        "--structure",
+        str(STRUCTURES / "2xcjA.pdb.gz"),
+        "--num_samples",
+        "2",
+        "--output_dir",
+        str(tmp_path),
+    ]
+    run(capsys, *args)
+    first = (tmp_path / "samples.jsonl").read_text()
+    with pytest.raises(SystemExit) as exit_info:
+        main([*args, "--seed", "1"])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err == (
+        f"python -m dpo_inv.sample: error: {tmp_path / 'samples.jsonl'} holds the samples of an earlier run; "
+        "give another --output_dir, or --overwrite to replace them\n"
+    )
+    assert (tmp_path / "samples.jsonl").read_text() == first
+    run(capsys, *args, "--seed", "1", "--overwrite")
+    assert (tmp_path / "samples.jsonl").read_text() != first
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--homo_oligomer", "--design_chains", "A", "B", "--fixed_positions", "A:5"],
+         "--tied_positions: a tie holds fixed and designed residues; fix all or none"),
+        (["--tied_positions", "A:1-10=B:1-9"],
+         "--tied_positions: A=B tie [10, 9] residues; give equally many"),
+        (["--tied_positions", "A:1-10"], "--tied_positions: 'A:1-10' is not CHAIN:RESIDUES=CHAIN:RESIDUES"),
+        (["--tied_positions", "A:1=B:1", "--homo_oligomer"],
+         "give --tied_positions or --homo_oligomer, not both"),
+    ],
+)  # fmt: skip
+def test_bad_ties_are_one_line(tmp_path, capsys, args, message):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--structure", str(STRUCTURES / "1hvr.pdb.gz"), "--output_dir", str(tmp_path), *args])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.splitlines()) == 1

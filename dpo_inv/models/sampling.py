@@ -106,6 +106,7 @@ def sample_sequences(
     omit_aas: str = "",
     bias: Tensor | None = None,
     tied: Tensor | None = None,
+    decoding_order: str = "random",
 ) -> Samples:
     """Sample ``num_samples`` sequences per structure of a ``collate`` batch, decoding incrementally.
 
@@ -122,7 +123,8 @@ def sample_sequences(
     each position gives the first position (head) of its group, a lone position its own index. A group is
     decoded at one step, at its head's place in the random order (its members share one rank and do not see
     each other), and all members get one token drawn with the mean of their logits (``tied_beta`` = 1), the
-    bias and the head's noise. Tied positions must be designed.
+    bias and the head's noise. Tied positions must be designed. With ``decoding_order="left_to_right"``
+    every sample decodes its (groups of) positions in file order instead.
     """
     if temperature < 0:
         raise ValueError(f"temperature must be >= 0, got {temperature}")
@@ -141,7 +143,10 @@ def sample_sequences(
     tied = torch.arange(L, device=device).expand_as(mask) if tied is None else tied.to(device, torch.long)
     members, size = tie_groups(tied, decoded)
     lengths = batch["length"].tolist()
-    ranks = decoding_ranks(decoded.float(), mask, seeds, num_orders=num_samples, lengths=lengths)
+    if decoding_order not in ("random", "left_to_right"):
+        raise ValueError(f"decoding_order must be random or left_to_right, got {decoding_order!r}")
+    order_seeds = seeds if decoding_order == "random" else None
+    ranks = decoding_ranks(decoded.float(), mask, order_seeds, num_orders=num_samples, lengths=lengths)
     ranks = tied_ranks(ranks, tied)
     noise = gumbel_noise(seeds, lengths, num_samples, L).to(device)
     enc = model.encode(**{name: value.to(device) for name, value in structure_inputs(batch).items()})

@@ -9,7 +9,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, Literal, TextIO
 
 import numpy as np
 import torch
@@ -80,8 +80,33 @@ class SampleConfig:
             '"A:1-10,15 B:3,52A" (ranges inclusive, in file order).'
         },
     )
+    tied_positions: list[str] = field(
+        default_factory=list,
+        metadata={
+            "help": "Designed residues that get one amino acid, as ProteinMPNN's tied positions: "
+            '"A:1-10=B:1-10 A:15=C:15" ties A1 to B1, ..., A10 to B10, and A15 to C15 (author numbers, '
+            "equally many residues on each side)."
+        },
+    )
+    homo_oligomer: bool = field(
+        default=False,
+        metadata={
+            "help": "Tie every designed chain residue by residue (chains of equal length), as ProteinMPNN."
+        },
+    )
     num_samples: int = field(default=8, metadata={"help": "Sequences per structure."})
-    temperature: float = field(default=0.1, metadata={"help": "Sampling temperature; 0 = greedy (argmax)."})
+    temperature: float = field(
+        default=0.1,
+        metadata={
+            "help": "Sampling temperature; 0 = the most likely amino acid at each step of the decoding "
+            "order: with random orders each sample still differs, with --decoding_order left_to_right all "
+            "are one deterministic design."
+        },
+    )
+    decoding_order: Literal["random", "left_to_right"] = field(
+        default="random",
+        metadata={"help": "random (drawn per sample from the seed, as ProteinMPNN) or left_to_right."},
+    )
     omit_aas: str = field(default="", metadata={"help": "Amino acids never sampled, e.g. CM (X never is)."})
     bias_aas: str = field(
         default="", metadata={"help": 'Added to the logits per amino acid, e.g. "W:-1,K:0.5".'}
@@ -121,25 +146,78 @@ def parse_bias(spec: str) -> Tensor:
     return bias
 
 
-def parse_fixed_positions(specs: Sequence[str]) -> dict[str, list[tuple[str, str]]]:
+def parse_fixed_positions(
+    specs: Sequence[str], option: str = "--fixed_positions"
+) -> dict[str, list[tuple[str, str]]]:
     """``["A:1-10,15 B:3"]`` -> ``{"A": [("1", "10"), ("15", "15")], "B": [("3", "3")]}``."""
     fixed: dict[str, list[tuple[str, str]]] = {}
     for token in " ".join(specs).split():
         chain_id, _, residues = token.partition(":")
         if not chain_id or not residues:
-            raise ValueError(f"--fixed_positions: {token!r} is not CHAIN:RESIDUES such as A:1-10,15")
+            raise ValueError(f"{option}: {token!r} is not CHAIN:RESIDUES such as A:1-10,15")
         for item in residues.split(","):
             match = RESIDUE_RANGE.match(item.upper())
             if match is None:
                 raise ValueError(
-                    f"--fixed_positions: {item!r} (chain {chain_id}) is not a residue number or range "
+                    f"{option}: {item!r} (chain {chain_id}) is not a residue number or range "
                     "such as 15, 52A or 1-10"
                 )
             fixed.setdefault(chain_id, []).append((match[1], match[2] or match[1]))
     return fixed
 
 
-def fixed_indices(chain: Chain, ranges: list[tuple[str, str]], path: Path) -> list[int]:
+Tie = list[tuple[str, list[tuple[str, str]]]]  # the residue ranges of each chain of one tie
+
+
+def parse_tied_positions(specs: Sequence[str]) -> list[Tie]:
+    """``["A:1-10=B:1-10"]`` -> ``[[("A", [("1", "10")]), ("B", [("1", "10")])]]``."""
+    ties = []
+    for token in " ".join(specs).split():
+        sides = [parse_fixed_positions([side], "--tied_positions") for side in token.split("=")]
+        if len(sides) < 2 or any(len(side) != 1 for side in sides):
+            raise ValueError(
+                f"--tied_positions: {token!r} is not CHAIN:RESIDUES=CHAIN:RESIDUES such as A:1-10=B:1-10"
+            )
+        ties.append([next(iter(side.items())) for side in sides])
+    return ties
+
+
+def tie_heads(
+    chains: dict[str, Chain], design: list[str], ties: list[Tie], homo_oligomer: bool, path: Path
+) -> list[list[int]]:
+    """The groups of tied positions (indices into the designed chains, in order) of ``ties``, or of every
+    designed chain residue by residue with ``homo_oligomer``."""
+    starts = dict(
+        zip(design, np.cumsum([0] + [len(chains[c].sequence) for c in design]).tolist(), strict=False)
+    )
+    if homo_oligomer:
+        lengths = {c: len(chains[c].sequence) for c in design}
+        if len(set(lengths.values())) > 1:
+            raise StructureError(f"{path}: --homo_oligomer: the designed chains differ in length ({lengths})")
+        return [[starts[c] + i for c in design] for i in range(lengths[design[0]])] if len(design) > 1 else []
+    groups = []
+    for tie in ties:
+        sides = []
+        for chain_id, ranges in tie:
+            if chain_id not in design:
+                raise StructureError(
+                    f"{path}: --tied_positions: chain {chain_id!r} is not designed "
+                    f"(designed: {', '.join(design)})"
+                )
+            indices = fixed_indices(chains[chain_id], ranges, path, "--tied_positions")
+            sides.append([starts[chain_id] + i for i in indices])
+        if len({len(side) for side in sides}) > 1:
+            raise StructureError(
+                f"{path}: --tied_positions: {'='.join(c for c, _ in tie)} tie {[len(s) for s in sides]} "
+                "residues; give equally many on each side"
+            )
+        groups += [list(group) for group in zip(*sides, strict=True)]
+    return groups
+
+
+def fixed_indices(
+    chain: Chain, ranges: list[tuple[str, str]], path: Path, option: str = "--fixed_positions"
+) -> list[int]:
     """Indices into ``chain`` of the residues from ``start`` to ``end`` (file order) of each range."""
     index = {number: i for i, number in enumerate(chain.numbers)}
     indices: list[int] = []
@@ -147,12 +225,12 @@ def fixed_indices(chain: Chain, ranges: list[tuple[str, str]], path: Path) -> li
         for number in (start, end):
             if number not in index:
                 raise StructureError(
-                    f"{path}: --fixed_positions: chain {chain.chain_id} has no residue {number} "
+                    f"{path}: {option}: chain {chain.chain_id} has no residue {number} "
                     f"(residues {chain.numbers[0]}..{chain.numbers[-1]})"
                 )
         if index[end] < index[start]:
             raise StructureError(
-                f"{path}: --fixed_positions: range {start}-{end} of chain {chain.chain_id} runs backwards"
+                f"{path}: {option}: range {start}-{end} of chain {chain.chain_id} runs backwards"
             )
         indices.extend(range(index[start], index[end] + 1))
     return indices
@@ -194,6 +272,7 @@ class Design:
     chain_lengths: list[int]
     example: dict[str, Any]
     num_context_atoms: int = 0
+    tied: np.ndarray | None = None  # each position's tie head (its own index when not tied)
 
 
 def prepare_design(
@@ -202,9 +281,12 @@ def prepare_design(
     fixed_chains: Sequence[str],
     fixed_positions: dict[str, list[tuple[str, str]]],
     options: ParseOptions = PROTEINMPNN_PARSE,
+    ties: Sequence[Tie] = (),
+    homo_oligomer: bool = False,
 ) -> Design:
     """Parse and featurize ``path`` as ``options`` say; without ``design_chains``, every chain not fixed is
-    designed."""
+    designed. Tied residues (``ties``, or ``homo_oligomer``) get one amino acid; a missing one is left out
+    of its tie."""
     structure = read_model(path)
     chains = protein_chains(structure, path, options)
     design = list(design_chains) or [c for c in chains if c not in fixed_chains]
@@ -227,6 +309,19 @@ def prepare_design(
         mutable[[start + i for i in fixed_indices(chains[chain_id], ranges, path)]] = 0
     if not (mutable * features.mask[:num_designed]).any():
         raise StructureError(f"{path}: --fixed_positions fixes every observed residue of chains {design}")
+    tied = np.arange(len(features.mask))
+    for group in tie_heads(chains, design, list(ties), homo_oligomer, path):
+        present = [i for i in group if features.mask[i]]
+        if not all(mutable[present]) and any(mutable[present]):
+            raise StructureError(
+                f"{path}: --tied_positions: a tie holds fixed and designed residues; fix all or none"
+            )
+        if len(present) > 1 and all(mutable[present]):
+            if (tied[present] != present).any():
+                raise StructureError(
+                    f"{path}: --tied_positions: a residue is in two ties; merge them into one"
+                )
+            tied[present] = present[0]
     native = features.native
     example = {
         "X": features.X,
@@ -243,7 +338,7 @@ def prepare_design(
     context = context_atoms(structure, options)
     example |= {"context_xyz": context.xyz.reshape(-1), "context_element": context.element}
     lengths = [len(chains[c].sequence) for c in design]
-    return Design(path, structure_name(path), design, lengths, example, len(context))
+    return Design(path, structure_name(path), design, lengths, example, len(context), tied)
 
 
 def sample_structure(
@@ -257,8 +352,17 @@ def sample_structure(
     records = []
     for k, start in enumerate(range(0, config.num_samples, config.batch_size)):
         n = min(config.batch_size, config.num_samples - start)
+        tied = None if design.tied is None else torch.from_numpy(design.tied)[None]
         samples = sample_sequences(
-            model, batch, n, config.temperature, [derive_seed(config.seed, k)], config.omit_aas, bias
+            model,
+            batch,
+            n,
+            config.temperature,
+            [derive_seed(config.seed, k)],
+            config.omit_aas,
+            bias,
+            tied,
+            config.decoding_order,
         )
         pairs = zip(samples.tokens[0].cpu(), samples.log_probs[0].cpu(), strict=True)
         for i, (tokens, log_probs) in enumerate(pairs):
@@ -290,7 +394,10 @@ def run_settings(config: SampleConfig) -> str:
     settings = {"model": config.model, "T": f"{config.temperature:g}", "seed": config.seed,
                 "num_samples": config.num_samples, "fixed_chains": ",".join(config.fixed_chains),
                 "fixed_positions": " ".join(config.fixed_positions), "omit_aas": config.omit_aas,
-                "bias_aas": config.bias_aas}  # fmt: skip
+                "bias_aas": config.bias_aas, "tied_positions": " ".join(config.tied_positions),
+                "homo_oligomer": "true" if config.homo_oligomer else "",
+                "decoding_order": config.decoding_order if config.decoding_order != "random" else ""
+                }  # fmt: skip
     return "|".join(f"{key}={value}" for key, value in settings.items() if value != "")
 
 
@@ -315,10 +422,18 @@ def prepare_designs(
     """The designs of the structures at `paths` as the model of `model_config` reads them, and the logit
     bias; every input is checked here, before any sampling."""
     fixed = parse_fixed_positions(config.fixed_positions)
+    ties = parse_tied_positions(config.tied_positions)
+    if ties and config.homo_oligomer:
+        raise ValueError("give --tied_positions or --homo_oligomer, not both")
     bias = parse_bias(config.bias_aas)
     allowed_tokens(config.omit_aas)
     options = parse_options(model_config, config.ligand_context, config.ligand_exclude)
-    designs = [prepare_design(p, config.design_chains, config.fixed_chains, fixed, options) for p in paths]
+    designs = [
+        prepare_design(
+            p, config.design_chains, config.fixed_chains, fixed, options, ties, config.homo_oligomer
+        )
+        for p in paths
+    ]
     note = empty_context_note({d.name: d.num_context_atoms for d in designs}, options)
     if note:
         print(f"note: {note}")
@@ -334,8 +449,11 @@ def sample(
     design_chains: Sequence[str] = (),
     fixed_chains: Sequence[str] = (),
     fixed_positions: Sequence[str] = (),
+    tied_positions: Sequence[str] = (),
+    homo_oligomer: bool = False,
     omit_aas: str = "",
     bias_aas: str = "",
+    decoding_order: str = "random",
     batch_size: int = 8,
     seed: int = 0,
     device: str | None = None,
@@ -349,13 +467,16 @@ def sample(
     Each record holds `structure` (the path as given), `design_chains`, `fixed_chains`, `sample` (from 1),
     `temperature`, `seed`, `sequence` (the designed chains, in order), `log_likelihood` (mean log p of the
     designed residues) and `recovery` (their fraction of native residues). `fixed_positions` are author
-    residue numbers such as `"A:1-10,15 B:3"`; see `python -m dpo_inv.sample --help` for the other options.
+    residue numbers such as `"A:1-10,15 B:3"`, `tied_positions` such as `"A:1-10=B:1-10"` (one amino acid
+    per tie); see `python -m dpo_inv.sample --help` for the other options.
     """
     paths = [structure] if isinstance(structure, (str, os.PathLike)) else list(structure)
     config = SampleConfig(output_dir="", structure=str(paths[0]), design_chains=list(design_chains),
                           fixed_chains=list(fixed_chains), fixed_positions=list(fixed_positions),
+                          tied_positions=list(tied_positions), homo_oligomer=homo_oligomer,
                           num_samples=num_samples, temperature=temperature, omit_aas=omit_aas,
-                          bias_aas=bias_aas, batch_size=batch_size, seed=seed, device=device,
+                          bias_aas=bias_aas, decoding_order=decoding_order, batch_size=batch_size, seed=seed,
+                          device=device,
                           ligand_context=ligand_context, ligand_exclude=list(ligand_exclude))  # fmt: skip
     policy = as_model(model)
     designs, bias = prepare_designs(policy.config, [Path(p) for p in paths], config)
