@@ -2,6 +2,7 @@
 resume that finishes, a reward command, the reward rising over rounds; the reward contract's errors."""
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -168,6 +169,12 @@ def flaky(records):  # fails in round 1, the second call of the process
         check=False,
     )
     assert again.returncode == 2 and "holds the rounds of another run" in again.stderr
+    interrupted = tmp_path / "interrupted"  # a run whose reward failed in round 0 left only its samples
+    (interrupted / "round-0").mkdir(parents=True)
+    shutil.copy(output / "round-0" / "samples.jsonl", interrupted / "round-0")
+    again = rounds(tmp_path, "--targets_file", str(targets(tmp_path)), "--reward", "x.py:f", "--output_dir",
+                   str(interrupted), check=False)  # fmt: skip
+    assert again.returncode == 2 and "holds the rounds of another run" in again.stderr
 
 
 def test_reward_command_and_its_errors(tmp_path):
@@ -196,7 +203,7 @@ def test_reward_command_and_its_errors(tmp_path):
     ] * 2
     with pytest.raises(RewardError, match="returned 1 values for 2 records"):
         compute_rewards(records, None, "echo 1")
-    with pytest.raises(RewardError, match=r"gave nan for record 1 \(1abc.pdb, sequence ACDEFGHIK...\)"):
+    with pytest.raises(RewardError, match=r"gave nan for record 2 \(1abc.pdb, sequence ACDEFGHIK...\)"):
         compute_rewards(records, None, "printf '1\\nNaN\\n'")
     with pytest.raises(RewardError, match="exited with status 3: broken"):
         compute_rewards(records, None, "echo broken >&2; exit 3")

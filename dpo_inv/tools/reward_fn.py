@@ -58,7 +58,7 @@ def load_reward(spec: str) -> RewardFunction:
 
 def _describe(records: list[dict], index: int) -> str:
     record = records[index]
-    return f"record {index} ({Path(record['pdb_file']).name}, sequence {record['sequence'][:12]}...)"
+    return f"record {index + 1} ({Path(record['pdb_file']).name}, sequence {record['sequence'][:12]}...)"
 
 
 def _run_command(command: str, records: list[dict]) -> list:

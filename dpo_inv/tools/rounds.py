@@ -283,7 +283,7 @@ def prepare_output(accelerator: Accelerator, config: RoundsConfig) -> list[dict]
     another's rounds."""
     output_dir = Path(config.output_dir)
     lines = read_jsonl(output_dir / "rounds.jsonl")
-    if lines and not config.resume_from_checkpoint:
+    if (lines or any(output_dir.glob("round-*/samples.jsonl"))) and not config.resume_from_checkpoint:
         raise DataError(
             f"{output_dir} holds the rounds of another run: pass --resume_from_checkpoint latest to continue "
             "them, or choose another output_dir"
