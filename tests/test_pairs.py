@@ -161,6 +161,9 @@ def test_csv_gives_the_same_pairs(tmp_path, cache):
     output = tmp_path / "out" / "csv.jsonl"
     pairs_file(PairsConfig(output=str(output), data=str(data), strategy="all", cache_dir=str(cache)))
     assert read(output) == expected
+    proteinmpnn_names = [{("seq" if k == "sequence" else k): v for k, v in row.items()} for row in rows]
+    _, pairs = run(tmp_path, proteinmpnn_names, cache, strategy="all")  # ProteinMPNN's column name
+    assert pairs == expected
 
 
 def stability_rows(count: int = 40) -> list[dict]:

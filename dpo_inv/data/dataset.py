@@ -38,7 +38,12 @@ from dpo_inv.structures.parse import (
     tokenize,
 )
 
-ALIASES = {"structure": "pdb_file", "chosen": "preferred_seq", "rejected": "unpreferred_seq"}
+ALIASES = {
+    "structure": "pdb_file",
+    "chosen": "preferred_seq",
+    "rejected": "unpreferred_seq",
+    "seq": "sequence",
+}
 
 
 @dataclass(frozen=True)
@@ -146,9 +151,10 @@ def _check_sequence(name: str, seq: Any, expected: int, pdb: str, chains: tuple[
         raise ValueError(f"missing required field {name}" + (f" (alias {alias})" if alias else ""))
     bad = sorted(set(seq) - set(ALPHABET))
     if bad:
+        chains_hint = " (join the chains' sequences without /)" if "/" in bad else ""
         raise ValueError(
             f"{name} has characters outside the 20 amino acids + X: {''.join(bad)!r}; write upper-case "
-            "one-letter codes"
+            f"one-letter codes{chains_hint}"
         )
     if len(seq) != expected:
         raise LengthError(

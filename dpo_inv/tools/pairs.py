@@ -140,7 +140,7 @@ def _mutation(sequence: str, wildtype: Any) -> int:
 
 def _scored(record: dict, config: PairsConfig, text_ok: bool) -> Scored:
     """One valid record (load_pairs has checked its sequences) with its score; a ValueError says why not."""
-    sequence, wildtype = record["sequence"], record.get("wildtype_seq")
+    sequence, wildtype = record.get("sequence") or record["seq"], record.get("wildtype_seq")
     score = _number(record.get(config.score_field), config.score_field, text_ok)
     position = _mutation(sequence, wildtype) if config.strategy == "same_position" else None
     residue_scores = None

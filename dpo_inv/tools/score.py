@@ -197,7 +197,7 @@ def score_records(
     summary, and the per-structure Spearman table (empty without labels)."""
     rows = [dict(record.data or {}) for record in load_records(data, name)]
     columns = {column for row in rows for column in row}
-    is_pairs = not ("sequence" in columns and "preferred_seq" not in columns)
+    is_pairs = not ({"sequence", "seq"} & columns and "preferred_seq" not in columns)
     options = shared_parse_options(
         model.config,
         None if reference is None else reference.config,
