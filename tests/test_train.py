@@ -1,5 +1,6 @@
 """End-to-end training runs on real data: outputs, checkpoints, exact resume, learning."""
 
+import dataclasses
 import json
 import math
 import os
@@ -18,7 +19,9 @@ from dpo_inv.data.dataset import load_pairs
 from dpo_inv.models.weights import load_model
 from dpo_inv.tools.score import ScoreConfig, score_file
 from dpo_inv.training.config import DPOConfig
+from dpo_inv.training.loading import RunData, split_by_structure
 from dpo_inv.training.loss import batch_ranks, pair_logps
+from dpo_inv.training.trainer import Steps, data_notes
 
 SMALL_STRUCTURES = ("2xcjA", "1lpbA")  # 84 and 85 residues: quick to train on
 
@@ -210,3 +213,33 @@ def test_a_tracker_that_is_not_installed_stops_before_training(monkeypatch):
     monkeypatch.setattr(dpo_inv.training.config, "find_spec", lambda name: None)
     with pytest.raises(ValueError, match=r"report_to wandb: not installed; pip install wandb \(the trackers"):
         DPOConfig(report_to=["wandb"])
+
+
+def test_many_passes_and_a_split_that_leaves_few_structures_are_announced(tmp_path):
+    """9 pairs on 3 structures, max_steps 100000: a 1,250-hour run, and eval_split 0.1 holds out a third."""
+    rows = [json.loads(line) for line in (EXAMPLE / "pairs" / "train.jsonl").read_text().splitlines()]
+    structures = list(dict.fromkeys(row["pdb_file"] for row in rows))[:3]
+    nine = [row for s in structures for row in [r for r in rows if r["pdb_file"] == s][:3]]
+    path = tmp_path / "nine.jsonl"
+    path.write_text("".join(json.dumps({**r, "pdb_file": str(EXAMPLE / "pairs" / r["pdb_file"])}) + "\n"
+                            for r in nine))  # fmt: skip
+    config = DPOConfig(train_file=str(path), max_steps=100000)
+    train, evaluation = split_by_structure(
+        load_pairs(str(path), tmp_path / "cache"), config.eval_split, config.seed
+    )
+    data = RunData(train, evaluation)
+    steps = Steps.plan(config, math.ceil(len(train.pairs) / config.per_device_train_batch_size))
+    assert data_notes(config, data, steps) == [
+        "100000 optimizer steps pass over the 6 training pairs 100000 times (more than 100), which overfits them; "
+        "lower max_steps or give more data",
+        "eval_split=0.1 held out 1 of 3 structures (3 pairs), leaving 2 to train on; give an eval_file, or "
+        "eval_split 0 to train on all",
+    ]
+    assert (
+        data_notes(
+            dataclasses.replace(config, max_steps=100),
+            RunData(train),
+            steps.plan(dataclasses.replace(config, max_steps=100), 1),
+        )
+        == []
+    )

@@ -106,6 +106,10 @@ def check_replicas_agree(accelerator: Accelerator, model: torch.nn.Module) -> No
     accelerator.print(f"Parameters identical on all {accelerator.num_processes} process(es)")
 
 
+MAX_PASSES = 100  # more passes over the training data than this are announced as overfitting
+FEW_STRUCTURES = 5  # an eval split that leaves fewer training structures than this is announced
+
+
 @dataclass
 class Steps:
     """How long a run is, in optimizer steps, and how often it logs, evaluates and saves."""
@@ -252,6 +256,32 @@ def announce(run: Run, setup: str) -> None:
         f"{accelerator.device} ({setup}); batch {config.per_device_train_batch_size} per device, global "
         f"batch {global_batch * config.gradient_accumulation_steps}; {run.steps.total} optimizer steps"
     )
+    for note in data_notes(config, data, run.steps):
+        accelerator.print(f"Note: {note}")
+
+
+def data_notes(config: DPOConfig, data: RunData, steps: Steps) -> list[str]:
+    """What would make a run not what its user meant: many passes over the data, or an eval split that
+    leaves a few structures to train on."""
+    notes = []
+    unit = "sequences" if config.unpaired else "pairs"
+    passes = steps.total / steps.per_epoch
+    if passes > MAX_PASSES:
+        notes.append(
+            f"{steps.total} optimizer steps pass over the {len(data.train.pairs)} training {unit} "
+            f"{passes:.0f} times (more than {MAX_PASSES}), which overfits them; lower max_steps or give more "
+            "data"
+        )
+    structures = len(set(data.train.pairs["structure_id"]))
+    split = data.eval is not None and data.eval.source == data.train.source  # eval_split held out of train
+    if split and structures < FEW_STRUCTURES:
+        held_out = len(set(data.eval.pairs["structure_id"]))
+        notes.append(
+            f"eval_split={config.eval_split} held out {held_out} of {held_out + structures} structures "
+            f"({len(data.eval.pairs)} {unit}), leaving {structures} to train on; give an eval_file, or "
+            "eval_split 0 to train on all"
+        )
+    return notes
 
 
 def evaluate_and_keep_best(run: Run) -> dict[str, float]:
