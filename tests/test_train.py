@@ -230,16 +230,10 @@ def test_many_passes_and_a_split_that_leaves_few_structures_are_announced(tmp_pa
     data = RunData(train, evaluation)
     steps = Steps.plan(config, math.ceil(len(train.pairs) / config.per_device_train_batch_size))
     assert data_notes(config, data, steps) == [
-        "100000 optimizer steps pass over the 6 training pairs 100000 times (more than 100), which overfits them; "
-        "lower max_steps or give more data",
+        "100000 optimizer steps pass over the 6 training pairs 100000 times (more than 100), which overfits "
+        "them; lower max_steps or give more data",
         "eval_split=0.1 held out 1 of 3 structures (3 pairs), leaving 2 to train on; give an eval_file, or "
         "eval_split 0 to train on all",
     ]
-    assert (
-        data_notes(
-            dataclasses.replace(config, max_steps=100),
-            RunData(train),
-            steps.plan(dataclasses.replace(config, max_steps=100), 1),
-        )
-        == []
-    )
+    hundred = dataclasses.replace(config, max_steps=100)  # 100 passes, no split: nothing to say
+    assert data_notes(hundred, RunData(train), Steps.plan(hundred, 1)) == []
