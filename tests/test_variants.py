@@ -116,8 +116,8 @@ def test_a_substitution_at_a_residue_without_backbone_is_refused(tmp_path):
     result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert result.stderr.strip().splitlines() == [
-        f"error: substitution at position 2 of a residue without backbone coordinates (structure "
-        f"{STRUCTURES / '1mr1D_failing.pdb.gz'}); it cannot be scored"
+        "python -m dpo_inv.score: error: substitution at position 2 of a residue without backbone "
+        f"coordinates (structure {STRUCTURES / '1mr1D_failing.pdb.gz'}); it cannot be scored"
     ]
     full = subprocess.run([*command, "--variant_scoring", "full"], cwd=ROOT, capture_output=True, text=True)
     assert full.returncode == 0  # the full path leaves the unobserved residue out of log p
