@@ -3,6 +3,7 @@
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -11,6 +12,9 @@ from test_train import env, metrics, run, weights
 
 from dpo_inv.models.weights import load_model
 from dpo_inv.tools.score import ScoreConfig, score_file
+from dpo_inv.training.checkpoints import TrainerState
+from dpo_inv.training.config import DPOConfig
+from dpo_inv.training.evaluation import improved
 
 EVAL_DOMAINS = ("2ysh_A_4-40", "2op7_A_1-39")
 
@@ -67,6 +71,38 @@ def test_eval_spearman_picks_best_and_agrees_with_the_score_command(tmp_path):
         base = load_model("vanilla/v_48_020").state_dict()
         for key, value in weights(output / "best").items():
             torch.testing.assert_close(value, base[key])
+
+    # design ability on the variants' backbones: the wild type's log p per residue is the score command's
+    # for the first record of each domain (same seeded decoding order), and greedy recovery is logged
+    rows = [json.loads(line) for line in Path(variants).read_text().splitlines()]
+    natives = [{**r, "sequence": r["wildtype_seq"], "wildtype_seq": None} for r in rows]
+    score_file(ScoreConfig(data=write(tmp_path / "natives.jsonl", natives), output=str(tmp_path / "n.jsonl"),
+                           cache_dir=str(tmp_path / "cache")))  # fmt: skip
+    scored = [json.loads(line) for line in (tmp_path / "n.jsonl").read_text().splitlines()]
+    first = [next(r for r in scored if r["domain"] == domain) for domain in EVAL_DOMAINS]
+    expected = sum(r["logp"] for r in first) / sum(r["logp"] / r["logp_per_residue"] for r in first)
+    assert evals[0]["eval_native_logp"] == pytest.approx(expected, abs=1e-4)
+    assert all(0.2 < m["eval_native_recovery"] < 0.8 for m in evals)
+    assert "native recovery" in result.stdout + result.stderr
+
+
+def test_recovery_tolerance_keeps_the_best_ranking_that_keeps_design_ability():
+    config = DPOConfig(eval_split=0, eval_variants_file="v.jsonl", eval_on_start=True,
+                       metric_for_best_model="spearman", recovery_tolerance=0.02)  # fmt: skip
+    state = TrainerState()
+    evals = [
+        (0, 0.60, 0.45, True),
+        (50, 0.70, 0.42, False),
+        (100, 0.65, 0.44, True),
+        (150, 0.64, 0.46, False),
+    ]
+    for step, spearman, recovery, better in evals:
+        state.global_step = step
+        metrics = {"eval_spearman": spearman, "eval_native_recovery": recovery}
+        assert improved(config, metrics, state) == better, step
+    assert (state.start_recovery, state.best_metric, state.best_step) == (0.45, 0.65, 100)
+    with pytest.raises(ValueError, match="recovery_tolerance needs eval_variants_file and eval_on_start"):
+        DPOConfig(eval_split=0, eval_variants_file="v.jsonl", recovery_tolerance=0.02)
 
 
 def test_bad_variants_and_metric_options_stop_with_one_line(tmp_path):

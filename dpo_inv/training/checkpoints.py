@@ -26,6 +26,7 @@ class TrainerState:
     batches_in_epoch: int = 0  # micro-batches of `epoch` already consumed
     best_metric: float | None = None  # of metric_for_best_model, at the model saved in best/
     best_step: int | None = None  # the step of that model
+    start_recovery: float | None = None  # eval_native_recovery of the starting model (eval_on_start)
 
     def save(self, directory: Path) -> None:
         """Written last, with the size of every file of the checkpoint: a damaged checkpoint is recognised."""

@@ -22,7 +22,7 @@ TRACKER_PACKAGES = {  # the package each Accelerate tracker needs
     "clearml": "clearml", "dvclive": "dvclive", "swanlab": "swanlab", "trackio": "trackio",
 }  # fmt: skip
 PAIR_METRICS = (*(f"eval_{name}" for name in dict.fromkeys(METRICS + kto.METRICS)), "eval_recovery")
-VARIANT_METRICS = ("eval_spearman", "eval_spearman_median")
+VARIANT_METRICS = ("eval_spearman", "eval_spearman_median", "eval_native_recovery", "eval_native_logp")
 EXIT_BAD_INPUT = 2
 EXIT_INTERRUPTED = 3
 EXIT_NONFINITE = 4
@@ -100,7 +100,9 @@ class DPOConfig:
         **field_help(
             "Labelled variants (sequence, wildtype_seq, label: higher = better) scored at each eval: "
             "eval_spearman is the mean over structures of Spearman's correlation of the conditional "
-            "delta_logp with the label. Every record must be good (on_bad_record does not apply)."
+            "delta_logp with the label; their backbones give eval_native_recovery (greedy decoding) and "
+            "eval_native_logp (the native sequence's mean log p per residue), the model's design ability. "
+            "Every record must be good (on_bad_record does not apply)."
         ),
     )
     cache_dir: str | None = field(
@@ -254,6 +256,14 @@ class DPOConfig:
             "eval set."
         ),
     )
+    recovery_tolerance: float | None = field(
+        default=None,
+        **field_help(
+            "Keep in best/ only a model whose eval_native_recovery is at most this below the starting "
+            "model's (needs eval_variants_file and eval_on_start): the best ranking that keeps design "
+            "ability."
+        ),
+    )
     load_best_model_at_end: bool = field(
         default=False,
         **field_help("Save the model of the best eval (best/) as final/, instead of the last one."),
@@ -319,7 +329,7 @@ class DPOConfig:
             non_negative=("backbone_noise", "eval_split", "weight_decay", "warmup_ratio", "warmup_steps",
                           "max_grad_norm", "label_smoothing", "rpo_alpha", "residue_margin",
                           "residue_constraint_weight", "desirable_weight", "undesirable_weight",
-                          "dataloader_num_workers", "loss_weights"),
+                          "dataloader_num_workers", "loss_weights", "recovery_tolerance"),
         )  # fmt: skip
         limits = (("eval_split", self.eval_split < 1, "< 1"),
                   ("warmup_ratio", self.warmup_ratio <= 1, "<= 1"),
@@ -334,6 +344,10 @@ class DPOConfig:
             raise ValueError("decoding_order must be random or left_to_right")
         if self.reference_free and self.precompute_ref_log_probs:
             raise ValueError("reference_free and precompute_ref_log_probs exclude each other")
+        if self.recovery_tolerance is not None and not (self.eval_variants_file and self.eval_on_start):
+            raise ValueError(
+                "recovery_tolerance needs eval_variants_file and eval_on_start (the start's recovery)"
+            )
         if self.save_total_limit is not None and self.save_total_limit < 1:
             raise ValueError("save_total_limit must be at least 1 (or None: keep all)")
 

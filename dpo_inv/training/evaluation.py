@@ -1,5 +1,5 @@
 """Evaluation during training: the eval pairs' DPO metrics, greedy recovery, the eval variants' Spearman
-correlations, and the choice of the best model."""
+correlations and their backbones' native recovery and log-likelihood, and the choice of the best model."""
 
 from __future__ import annotations
 
@@ -17,14 +17,36 @@ from dpo_inv.models.sampling import sample_sequences
 from dpo_inv.models.variants import LabelledVariants, evaluate_variants
 from dpo_inv.training.checkpoints import TrainerState
 from dpo_inv.training.config import DPOConfig
-from dpo_inv.training.loss import example_seeds
+from dpo_inv.training.loss import batch_ranks, example_seeds, pair_logps
 from dpo_inv.training.objective import metric_columns, step_metrics, summarize
+
+
+@torch.no_grad()
+def design_metrics(
+    accelerator: Accelerator, config: DPOConfig, model: torch.nn.Module, structures: list[dict]
+) -> tuple[float, float]:
+    """Over the designed residues of `structures` (this rank's share) on every rank: the native recovery of
+    greedy decoding, and the native sequence's mean log p per residue. Each structure is decoded alone, so
+    neither depends on the batch or the number of processes."""
+    policy = accelerator.unwrap_model(model, keep_torch_compile=False)
+    totals = torch.zeros(4, device=accelerator.device)  # recovered, designed, native log p, its positions
+    for example in structures:
+        batch = {k: v.to(accelerator.device) for k, v in collate([example]).items()}
+        seeds = example_seeds(config.seed, batch["index"], epoch=0)
+        tokens = sample_sequences(policy, batch, 1, 0.0, seeds).tokens[:, 0]
+        designed = (batch["decode_mask"] * batch["mask"]) > 0
+        native = {**batch, "chosen": batch["native"], "rejected": batch["native"]}
+        logps = pair_logps(policy, native, batch_ranks(native, config.seed, 1, config.decoding_order))
+        totals += torch.stack([((tokens == batch["native"]) & designed).sum(), designed.sum(),
+                               logps.chosen.sum(), logps.num_positions.sum()]).float()  # fmt: skip
+    recovered, designed, logp, positions = accelerator.reduce(totals, "sum").tolist()
+    return (recovered / designed, logp / positions) if designed else (math.nan, math.nan)
 
 
 @torch.no_grad()
 def evaluate(accelerator, config, model, reference, loader, structures) -> dict[str, float]:
     """Metrics over the whole eval set, every pair counted once across ranks, and the native sequence
-    recovery of greedy decoding on the eval structures (`structures`: this rank's share, one batch)."""
+    recovery of greedy decoding on the eval structures (`structures`: this rank's share)."""
     model.eval()
     totals, count = torch.zeros(len(metric_columns(config)), dtype=torch.float64), 0
     for batch in loader:
@@ -32,29 +54,17 @@ def evaluate(accelerator, config, model, reference, loader, structures) -> dict[
         gathered = accelerator.gather_for_metrics(per_pair).double().cpu()
         totals += gathered.sum(0)
         count += len(gathered)
-    recovered = torch.zeros(2, device=accelerator.device)  # recovered, designed residues
-    if structures is not None:
-        batch = {k: v.to(accelerator.device) for k, v in structures.items()}
-        seeds = example_seeds(config.seed, batch["index"], epoch=0)
-        tokens = sample_sequences(
-            accelerator.unwrap_model(model, keep_torch_compile=False), batch, 1, 0.0, seeds
-        ).tokens[:, 0]
-        designed = (batch["decode_mask"] * batch["mask"]) > 0
-        recovered += torch.stack([((tokens == batch["native"]) & designed).sum(), designed.sum()]).float()
-    recovered = accelerator.reduce(recovered, "sum")
+    recovery, _ = design_metrics(accelerator, config, model, structures)
     model.train()
     metrics = {f"eval_{name}": value for name, value in summarize(config, totals, count).items()}
-    return {**metrics, "eval_recovery": float(recovered[0] / recovered[1])}
+    return {**metrics, "eval_recovery": recovery}
 
 
-def eval_structures(accelerator: Accelerator, data: PairDataset) -> dict[str, torch.Tensor] | None:
-    """One example per distinct eval structure, this rank's share, as one batch (None if it has none)."""
+def eval_structures(accelerator: Accelerator, data: PairDataset) -> list[dict]:
+    """One example per distinct eval structure, this rank's share."""
     _, first = np.unique(np.asarray(data.pairs["structure_id"]), return_index=True)
     dataset = PreferenceDataset(data)
-    examples = [
-        dataset[int(i)] for i in sorted(first)[accelerator.process_index :: accelerator.num_processes]
-    ]
-    return collate(examples) if examples else None
+    return [dataset[int(i)] for i in sorted(first)[accelerator.process_index :: accelerator.num_processes]]
 
 
 def run_evaluation(
@@ -63,10 +73,11 @@ def run_evaluation(
     model: torch.nn.Module,
     reference: ProteinMPNN | None,
     eval_loader: DataLoader | None,
-    recovery_structures: dict[str, torch.Tensor] | None,
+    recovery_structures: list[dict],
     variants: LabelledVariants | None,
 ) -> dict[str, float]:
-    """The eval pairs' metrics and greedy recovery, and the eval variants' Spearman correlations."""
+    """The eval pairs' metrics and greedy recovery; the eval variants' Spearman correlations, and the native
+    recovery and log-likelihood of their backbones."""
     metrics: dict[str, float] = {}
     if eval_loader is not None:
         metrics.update(evaluate(accelerator, config, model, reference, eval_loader, recovery_structures))
@@ -78,13 +89,19 @@ def run_evaluation(
                 accelerator, policy, variants.data, variants.labels, config.decoding_order, config.seed
             )
         )
+        recovery, logp = design_metrics(
+            accelerator, config, model, eval_structures(accelerator, variants.data)
+        )
+        metrics.update({"eval_native_recovery": recovery, "eval_native_logp": logp})
         model.train()
     return metrics
 
 
 EVAL_SUMMARY = (("eval_loss", "eval loss", 4), ("eval_rewards/accuracies", "reward accuracy", 3),
                 ("eval_rewards/margins", "margin", 3), ("eval_recovery", "greedy recovery", 3),
-                ("eval_kl", "KL", 3), ("eval_spearman", "mean Spearman per structure", 3))  # fmt: skip
+                ("eval_kl", "KL", 3), ("eval_spearman", "mean Spearman per structure", 3),
+                ("eval_native_recovery", "native recovery", 3),
+                ("eval_native_logp", "native log p per residue", 3))  # fmt: skip
 
 
 def describe(metrics: dict[str, float]) -> str:
@@ -95,8 +112,15 @@ def describe(metrics: dict[str, float]) -> str:
 
 
 def improved(config: DPOConfig, metrics: dict[str, float], state: TrainerState) -> bool:
-    """Is `metric_for_best_model` better than at the model in best/? Records it in `state` if so."""
+    """Is `metric_for_best_model` better than at the model in best/, within `recovery_tolerance` of the
+    starting model's native recovery? Records it in `state` if so, and the starting model's recovery."""
     value = metrics.get(config.metric_for_best_model, math.nan)  # kto: some may be missing
+    recovery = metrics.get("eval_native_recovery")
+    if state.global_step == 0 and recovery is not None:
+        state.start_recovery = recovery
+    tolerance, start = config.recovery_tolerance, state.start_recovery
+    if tolerance is not None and start is not None and recovery < start - tolerance:
+        return False
     if not math.isfinite(value):
         return False
     best = state.best_metric

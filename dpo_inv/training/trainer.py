@@ -155,7 +155,7 @@ class Run:
     scheduler: Any
     train_loader: DataLoader
     eval_loader: DataLoader | None
-    recovery_structures: dict[str, torch.Tensor] | None
+    recovery_structures: list[dict]
     data: RunData
     steps: Steps
     state: TrainerState = field(default_factory=TrainerState)
@@ -206,7 +206,7 @@ def prepare_run(
     }
     sampler = LengthGroupedSampler(train_set.lengths, global_batch, config.seed)
     train_loader = DataLoader(train_set, config.per_device_train_batch_size, sampler=sampler, **options)
-    eval_loader, recovery_structures = None, None
+    eval_loader, recovery_structures = None, []
     if data.eval is not None:
         eval_loader = DataLoader(PreferenceDataset(data.eval), config.per_device_eval_batch_size, **options)
         recovery_structures = eval_structures(accelerator, data.eval)
