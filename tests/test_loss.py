@@ -10,7 +10,7 @@ from dpo_inv.data.batches import PreferenceDataset, collate
 from dpo_inv.data.dataset import load_pairs
 from dpo_inv.models.mpnn import decoding_ranks, sequence_log_probs
 from dpo_inv.models.weights import load_model
-from dpo_inv.training.loss import PairLogps, dpo_loss, pair_logps, preference_loss
+from dpo_inv.training.loss import PairLogps, anchor_kl, dpo_loss, pair_logps, preference_loss
 
 # policy prefers the chosen sequence by 2 nats more than the reference does
 POLICY = PairLogps(torch.tensor([-10.0]), torch.tensor([-12.0]), torch.tensor([4.0]))
@@ -94,3 +94,24 @@ def test_pair_logps_sum_loss_positions_and_average_orders():
             ).mean(0)
             torch.testing.assert_close(value, expected, atol=1e-4, rtol=1e-5)
     assert logps.num_positions.tolist() == [88.0, 9.0]
+
+
+def test_anchor_kl_is_the_reference_to_policy_kl_outside_the_scored_positions():
+    data = load_pairs(SHARED_DATA / "multichain.jsonl")
+    batch = collate([PreferenceDataset(data)[i] for i in (0, 1)])
+    batch["loss_mask"][0] = 0
+    batch["loss_mask"][0, 5] = 1  # one scored position, as a same-position pair has
+    reference, policy = load_model("vanilla/v_48_020"), load_model("vanilla/v_48_020")
+    with torch.no_grad():
+        policy.W_out.bias += torch.linspace(-0.5, 0.5, policy.W_out.bias.numel())
+    ranks = decoding_ranks(batch["decode_mask"], batch["mask"], [1, 2])
+    with torch.no_grad():
+        mine, theirs = pair_logps(policy, batch, ranks), pair_logps(reference, batch, ranks)
+        outside = batch["mask"] - batch["loss_mask"]
+        assert anchor_kl(theirs, theirs, outside).abs().max() < 1e-6  # the policy at its start: 0
+        inputs = [batch[k] for k in ("X", "chosen", "mask", "residue_idx", "chain_encoding")]
+        ref, new = reference(*inputs, ranks[:, 0]), policy(*inputs, ranks[:, 0])
+        kl = torch.nn.functional.kl_div(new, ref, log_target=True, reduction="none").sum(-1)
+        expected = (kl * outside).sum(-1) / outside.sum(-1)
+        torch.testing.assert_close(anchor_kl(mine, theirs, outside), expected, atol=1e-5, rtol=1e-4)
+        assert (expected > 0).all()

@@ -164,6 +164,14 @@ class DPOConfig:
         default=None,
         **field_help("residpo: least residue score of a constrained position; default: every position."),
     )
+    anchor_weight: float = field(
+        default=0.0,
+        **field_help(
+            "Weight of KL(reference || policy) of the per-residue distributions at the residues a pair "
+            "does not score (outside mutable_positions), averaged over them: keeps the model's design "
+            "ability while same-position pairs move the scored residue."
+        ),
+    )
     desirable_weight: float = field(
         default=1.0, **field_help("kto: weight of the desirable sequences' losses (TRL's KTOConfig).")
     )
@@ -328,8 +336,9 @@ class DPOConfig:
                       "max_consecutive_nonfinite"),
             non_negative=("backbone_noise", "eval_split", "weight_decay", "warmup_ratio", "warmup_steps",
                           "max_grad_norm", "label_smoothing", "rpo_alpha", "residue_margin",
-                          "residue_constraint_weight", "desirable_weight", "undesirable_weight",
-                          "dataloader_num_workers", "loss_weights", "recovery_tolerance"),
+                          "residue_constraint_weight", "anchor_weight", "desirable_weight",
+                          "undesirable_weight", "dataloader_num_workers", "loss_weights",
+                          "recovery_tolerance"),
         )  # fmt: skip
         limits = (("eval_split", self.eval_split < 1, "< 1"),
                   ("warmup_ratio", self.warmup_ratio <= 1, "<= 1"),
@@ -388,6 +397,11 @@ class DPOConfig:
         if "residpo" in self.loss_type and self.precompute_ref_log_probs:
             raise ValueError(
                 "loss_type residpo needs per-position reference log-probs: drop precompute_ref_log_probs"
+            )
+        if self.anchor_weight and (self.unpaired or self.reference_free or self.precompute_ref_log_probs):
+            raise ValueError(
+                "anchor_weight needs pairs and the reference model's distributions during training: drop "
+                "reference_free and precompute_ref_log_probs"
             )
         if self.residue_constraint_weight and "residpo" not in self.loss_type:
             raise ValueError("residue_constraint_weight belongs to loss_type residpo")

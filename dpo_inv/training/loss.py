@@ -26,6 +26,15 @@ class PairLogps:
     num_positions: torch.Tensor  # [B]
     chosen_tokens: torch.Tensor | None = None  # [B, L]
     rejected_tokens: torch.Tensor | None = None  # [B, L]
+    chosen_distributions: torch.Tensor | None = None  # [B, L, 21]: log p of every amino acid, first order
+
+
+def anchor_kl(policy: PairLogps, reference: PairLogps, positions: torch.Tensor) -> torch.Tensor:
+    """Per pair, the mean over `positions [B, L]` of KL(reference || policy) between the per-residue
+    distributions of the preferred sequence: how far the positions a pair does not score have moved."""
+    ref = reference.chosen_distributions
+    kl = (ref.exp() * (ref - policy.chosen_distributions)).sum(-1)  # [B, L]
+    return (kl * positions).sum(-1) / positions.sum(-1).clamp(min=1)
 
 
 @dataclass
@@ -80,6 +89,7 @@ def pair_logps(model: torch.nn.Module, batch: dict[str, torch.Tensor], ranks: to
         num_positions=batch["loss_mask"].sum(-1),
         chosen_tokens=per_position[:, 0],
         rejected_tokens=per_position[:, 1],
+        chosen_distributions=log_probs[:, 0].float(),
     )
 
 

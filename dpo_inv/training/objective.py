@@ -9,7 +9,15 @@ from accelerate import Accelerator
 from dpo_inv.models.mpnn import ProteinMPNN
 from dpo_inv.training import kto
 from dpo_inv.training.config import DPOConfig
-from dpo_inv.training.loss import METRICS, PairLogps, ResidueScores, batch_ranks, pair_logps, preference_loss
+from dpo_inv.training.loss import (
+    METRICS,
+    PairLogps,
+    ResidueScores,
+    anchor_kl,
+    batch_ranks,
+    pair_logps,
+    preference_loss,
+)
 
 
 def metric_columns(config: DPOConfig) -> tuple[str, ...]:
@@ -60,9 +68,10 @@ def step_metrics(
             config.residue_margin,
             config.residue_constraint_threshold,
         )
+    ref = reference_logps(config, reference, batch, ranks)
     losses, out = preference_loss(
         policy,
-        reference_logps(config, reference, batch, ranks),
+        ref,
         batch["weight"],
         beta=config.beta,
         loss_types=config.loss_type,
@@ -71,6 +80,11 @@ def step_metrics(
         residue_scores=scores,
         residue_constraint_weight=config.residue_constraint_weight,
     )
+    if (
+        config.anchor_weight
+    ):  # the designed residues the pair does not score stay where the reference has them
+        outside = batch["design_mask"] * batch["mask"] - batch["loss_mask"]
+        losses = losses + config.anchor_weight * anchor_kl(policy, ref, outside)
     per_pair = torch.stack(
         [
             losses.detach(),
