@@ -10,7 +10,9 @@ from dpo_inv.data.batches import PreferenceDataset, collate
 from dpo_inv.data.dataset import load_pairs
 from dpo_inv.models.mpnn import decoding_ranks, sequence_log_probs
 from dpo_inv.models.weights import load_model
-from dpo_inv.training.loss import PairLogps, anchor_kl, dpo_loss, pair_logps, preference_loss
+from dpo_inv.training.config import DPOConfig
+from dpo_inv.training.loss import PairLogps, anchor_kl, batch_ranks, dpo_loss, pair_logps, preference_loss
+from dpo_inv.training.objective import step_metrics
 
 # policy prefers the chosen sequence by 2 nats more than the reference does
 POLICY = PairLogps(torch.tensor([-10.0]), torch.tensor([-12.0]), torch.tensor([4.0]))
@@ -115,3 +117,19 @@ def test_anchor_kl_is_the_reference_to_policy_kl_outside_the_scored_positions():
         expected = (kl * outside).sum(-1) / outside.sum(-1)
         torch.testing.assert_close(anchor_kl(mine, theirs, outside), expected, atol=1e-5, rtol=1e-4)
         assert (expected > 0).all()
+
+
+def test_the_anchor_term_adds_to_the_training_loss():
+    data = load_pairs(SHARED_DATA / "multichain.jsonl")
+    batch = collate([PreferenceDataset(data)[i] for i in (0, 1)])
+    reference, policy = load_model("vanilla/v_48_020"), load_model("vanilla/v_48_020")
+    with torch.no_grad():
+        policy.W_out.bias += torch.linspace(-0.5, 0.5, policy.W_out.bias.numel())
+        plain, _ = step_metrics(DPOConfig(), policy, reference, batch, 0)
+        anchored, _ = step_metrics(DPOConfig(anchor_weight=2.0), policy, reference, batch, 0)
+        ranks = batch_ranks(batch, 42, 1, "random")
+        kl = anchor_kl(pair_logps(policy, batch, ranks), pair_logps(reference, batch, ranks),
+                       batch["mask"] - batch["loss_mask"])  # fmt: skip
+    torch.testing.assert_close(anchored, plain + 2.0 * kl.mean(), atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="anchor_weight needs pairs and the reference model"):
+        DPOConfig(anchor_weight=1.0, precompute_ref_log_probs=True)

@@ -80,11 +80,8 @@ def step_metrics(
         residue_scores=scores,
         residue_constraint_weight=config.residue_constraint_weight,
     )
-    if (
-        config.anchor_weight
-    ):  # the designed residues the pair does not score stay where the reference has them
-        outside = batch["design_mask"] * batch["mask"] - batch["loss_mask"]
-        losses = losses + config.anchor_weight * anchor_kl(policy, ref, outside)
+    if config.anchor_weight:  # the residues the pair does not score stay where the reference has them
+        losses = losses + config.anchor_weight * anchor_kl(policy, ref, batch["mask"] - batch["loss_mask"])
     per_pair = torch.stack(
         [
             losses.detach(),
