@@ -88,7 +88,8 @@ def structure_key(
     return str(path), tuple(design), tuple(fixed)
 
 
-def _normalise(record: dict) -> dict:
+def normalise(record: dict) -> dict:
+    """The record with its aliased fields (structure, chosen, rejected, seq) under their own names."""
     out = dict(record)
     for alias, name in ALIASES.items():
         if out.get(name) is None and out.get(alias) is not None:
@@ -295,7 +296,7 @@ def load_pairs(
         if record.data is None:
             bad[number] = BadRecord(record.location, record.error)
             continue
-        data = _normalise(record.data)
+        data = normalise(record.data)
         try:
             key = structure_key(data, root, allowed, root_name)
         except ValueError as err:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import datasets
 import numpy as np
 
-from dpo_inv.data.dataset import SEQUENCE_FIELDS, PairDataset, load_pairs, residue_score_list
+from dpo_inv.data.dataset import SEQUENCE_FIELDS, PairDataset, load_pairs, normalise, residue_score_list
 from dpo_inv.data.records import (
     Data,
     DataError,
@@ -140,7 +140,7 @@ def _mutation(sequence: str, wildtype: Any) -> int:
 
 def _scored(record: dict, config: PairsConfig, text_ok: bool) -> Scored:
     """One valid record (load_pairs has checked its sequences) with its score; a ValueError says why not."""
-    sequence, wildtype = record.get("sequence") or record["seq"], record.get("wildtype_seq")
+    sequence, wildtype = record["sequence"], record.get("wildtype_seq")
     score = _number(record.get(config.score_field), config.score_field, text_ok)
     position = _mutation(sequence, wildtype) if config.strategy == "same_position" else None
     residue_scores = None
@@ -172,12 +172,13 @@ def read_groups(
     groups: dict[int, Group] = {}
     merged = 0
     for i, sid in zip(usable, loaded.pairs["structure_id"], strict=True):
+        data = normalise(records[i].data)
         try:
-            item = _scored(records[i].data, config, text_ok)
+            item = _scored(data, config, text_ok)
         except ValueError as err:
             problems[i] = str(err)
             continue
-        group = groups.setdefault(sid, Group(records[i].data))
+        group = groups.setdefault(sid, Group(data))
         if item.sequence in group.sequences:
             merged += 1
             continue
@@ -247,7 +248,7 @@ def _structure_fields(structures: datasets.Dataset, sid: int, first: dict) -> di
     """pdb_file and the chains as the group's first record gives them."""
     row = structures[sid]
     design, fixed = row["design_chains"], row["fixed_chains"]
-    out: dict[str, Any] = {"pdb_file": first.get("pdb_file") or first["structure"]}
+    out: dict[str, Any] = {"pdb_file": first["pdb_file"]}
     if first.get("chain_id") not in (None, ""):
         out["chain_id"] = design[0]
     else:

@@ -182,14 +182,17 @@ def parse_tied_positions(specs: Sequence[str]) -> list[Tie]:
     return ties
 
 
-def tie_heads(
-    chains: dict[str, Chain], design: list[str], ties: list[Tie], homo_oligomer: bool, path: Path
+def tied_groups(
+    chains: dict[str, Chain],
+    design: list[str],
+    starts: list[int],
+    ties: list[Tie],
+    homo_oligomer: bool,
+    path: Path,
 ) -> list[list[int]]:
-    """The groups of tied positions (indices into the designed chains, in order) of ``ties``, or of every
-    designed chain residue by residue with ``homo_oligomer``."""
-    starts = dict(
-        zip(design, np.cumsum([0] + [len(chains[c].sequence) for c in design]).tolist(), strict=False)
-    )
+    """The groups of tied positions (indices into the designed chains, which start at ``starts``) of
+    ``ties``, or of every designed chain residue by residue with ``homo_oligomer``."""
+    starts = dict(zip(design, starts, strict=False))
     if homo_oligomer:
         lengths = {c: len(chains[c].sequence) for c in design}
         if len(set(lengths.values())) > 1:
@@ -271,8 +274,8 @@ class Design:
     design_chains: list[str]
     chain_lengths: list[int]
     example: dict[str, Any]
+    tied: np.ndarray  # each position's tie head (its own index when not tied)
     num_context_atoms: int = 0
-    tied: np.ndarray | None = None  # each position's tie head (its own index when not tied)
 
 
 def prepare_design(
@@ -293,7 +296,8 @@ def prepare_design(
     features = featurize(chains, design, list(fixed_chains), path)
     num_designed = int(features.design_mask.sum())
     mutable = np.ones(num_designed, dtype=np.float32)
-    starts = np.cumsum([0] + [len(chains[c].sequence) for c in design])
+    lengths = [len(chains[c].sequence) for c in design]
+    starts = np.cumsum([0, *lengths]).tolist()
     for chain_id, ranges in fixed_positions.items():
         if chain_id not in chains:
             raise StructureError(
@@ -310,7 +314,7 @@ def prepare_design(
     if not (mutable * features.mask[:num_designed]).any():
         raise StructureError(f"{path}: --fixed_positions fixes every observed residue of chains {design}")
     tied = np.arange(len(features.mask))
-    for group in tie_heads(chains, design, list(ties), homo_oligomer, path):
+    for group in tied_groups(chains, design, starts, list(ties), homo_oligomer, path):
         present = [i for i in group if features.mask[i]]
         if not all(mutable[present]) and any(mutable[present]):
             raise StructureError(
@@ -337,8 +341,7 @@ def prepare_design(
     }
     context = context_atoms(structure, options)
     example |= {"context_xyz": context.xyz.reshape(-1), "context_element": context.element}
-    lengths = [len(chains[c].sequence) for c in design]
-    return Design(path, structure_name(path), design, lengths, example, len(context), tied)
+    return Design(path, structure_name(path), design, lengths, example, tied, len(context))
 
 
 def sample_structure(
@@ -350,9 +353,9 @@ def sample_structure(
     native = batch["native"][0]
     num_designed = len(design.example["chosen"])
     records = []
+    tied = torch.from_numpy(design.tied)[None]
     for k, start in enumerate(range(0, config.num_samples, config.batch_size)):
         n = min(config.batch_size, config.num_samples - start)
-        tied = None if design.tied is None else torch.from_numpy(design.tied)[None]
         samples = sample_sequences(
             model,
             batch,

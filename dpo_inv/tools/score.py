@@ -14,7 +14,7 @@ import torch
 from torch.utils.data import DataLoader, Subset
 
 from dpo_inv.data.batches import PreferenceDataset, collate
-from dpo_inv.data.dataset import PAIR_FIELDS, SEQUENCE_FIELDS, load_pairs
+from dpo_inv.data.dataset import PAIR_FIELDS, SEQUENCE_FIELDS, load_pairs, normalise
 from dpo_inv.data.featurized import context_counts
 from dpo_inv.data.records import (
     Data,
@@ -196,8 +196,8 @@ def score_records(
     """Score every record of `data` (a file or records in memory): the records with their scores, the
     summary, and the per-structure Spearman table (empty without labels)."""
     rows = [dict(record.data or {}) for record in load_records(data, name)]
-    columns = {column for row in rows for column in row}
-    is_pairs = not ({"sequence", "seq"} & columns and "preferred_seq" not in columns)
+    columns = {column for row in rows for column in normalise(row)}
+    is_pairs = not ("sequence" in columns and "preferred_seq" not in columns)
     options = shared_parse_options(
         model.config,
         None if reference is None else reference.config,

@@ -23,11 +23,15 @@ from dpo_inv.training.objective import metric_columns, step_metrics, summarize
 
 @torch.no_grad()
 def design_metrics(
-    accelerator: Accelerator, config: DPOConfig, model: torch.nn.Module, structures: list[dict]
+    accelerator: Accelerator,
+    config: DPOConfig,
+    model: torch.nn.Module,
+    structures: list[dict],
+    native_logp: bool = True,
 ) -> tuple[float, float]:
     """Over the designed residues of `structures` (this rank's share) on every rank: the native recovery of
-    greedy decoding, and the native sequence's mean log p per residue. Each structure is decoded alone, so
-    neither depends on the batch or the number of processes."""
+    greedy decoding, and (with `native_logp`, else NaN) the native sequence's mean log p per residue. Each
+    structure is decoded alone, so neither depends on the batch or the number of processes."""
     policy = accelerator.unwrap_model(model, keep_torch_compile=False)
     totals = torch.zeros(4, device=accelerator.device)  # recovered, designed, native log p, its positions
     for example in structures:
@@ -35,12 +39,13 @@ def design_metrics(
         seeds = example_seeds(config.seed, batch["index"], epoch=0)
         tokens = sample_sequences(policy, batch, 1, 0.0, seeds).tokens[:, 0]
         designed = (batch["decode_mask"] * batch["mask"]) > 0
-        native = {**batch, "chosen": batch["native"], "rejected": batch["native"]}
-        logps = pair_logps(policy, native, batch_ranks(native, config.seed, 1, config.decoding_order))
-        totals += torch.stack([((tokens == batch["native"]) & designed).sum(), designed.sum(),
-                               logps.chosen.sum(), logps.num_positions.sum()]).float()  # fmt: skip
+        totals[:2] += torch.stack([((tokens == batch["native"]) & designed).sum(), designed.sum()])
+        if native_logp:
+            native = {**batch, "chosen": batch["native"], "rejected": batch["native"]}
+            logps = pair_logps(policy, native, batch_ranks(native, config.seed, 1, config.decoding_order))
+            totals[2:] += torch.stack([logps.chosen.sum(), logps.num_positions.sum()])
     recovered, designed, logp, positions = accelerator.reduce(totals, "sum").tolist()
-    return (recovered / designed, logp / positions) if designed else (math.nan, math.nan)
+    return (recovered / designed if designed else math.nan, logp / positions if positions else math.nan)
 
 
 @torch.no_grad()
@@ -54,7 +59,7 @@ def evaluate(accelerator, config, model, reference, loader, structures) -> dict[
         gathered = accelerator.gather_for_metrics(per_pair).double().cpu()
         totals += gathered.sum(0)
         count += len(gathered)
-    recovery, _ = design_metrics(accelerator, config, model, structures)
+    recovery, _ = design_metrics(accelerator, config, model, structures, native_logp=False)
     model.train()
     metrics = {f"eval_{name}": value for name, value in summarize(config, totals, count).items()}
     return {**metrics, "eval_recovery": recovery}
