@@ -272,9 +272,9 @@ def data_notes(config: DPOConfig, data: RunData, steps: Steps) -> list[str]:
             f"{passes:.0f} times (more than {MAX_PASSES}), which overfits them; lower max_steps or give more "
             "data"
         )
-    structures = len(set(data.train.pairs["structure_id"]))
     split = data.eval is not None and data.eval.source == data.train.source  # eval_split held out of train
-    if split and structures < FEW_STRUCTURES:
+    structures = len(set(data.train.pairs["structure_id"])) if split else FEW_STRUCTURES
+    if structures < FEW_STRUCTURES:
         held_out = len(set(data.eval.pairs["structure_id"]))
         notes.append(
             f"eval_split={config.eval_split} held out {held_out} of {held_out + structures} structures "
