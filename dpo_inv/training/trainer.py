@@ -273,8 +273,8 @@ def data_notes(config: DPOConfig, data: RunData, steps: Steps) -> list[str]:
             "data"
         )
     split = data.eval is not None and data.eval.source == data.train.source  # eval_split held out of train
-    structures = len(set(data.train.pairs["structure_id"])) if split else FEW_STRUCTURES
-    if structures < FEW_STRUCTURES:
+    structures = len(set(data.train.pairs["structure_id"])) if split else None
+    if structures is not None and structures < FEW_STRUCTURES:
         held_out = len(set(data.eval.pairs["structure_id"]))
         notes.append(
             f"eval_split={config.eval_split} held out {held_out} of {held_out + structures} structures "
