@@ -73,6 +73,37 @@ def test_cache_is_reused_and_invalidated_by_a_changed_file(tmp_path, cache_dir, 
     assert not cached and len(parse_count) == 2 and changed_folder != folder
 
 
+@pytest.mark.parametrize("damage", ["truncated", "shorter", "missing_sizes", "half_written"])
+def test_a_damaged_cache_is_rebuilt_never_read(tmp_path, parse_count, capsys, damage):
+    """A killed first run or a full disk leaves a cache table incomplete: it is found, said and rebuilt."""
+    cache = tmp_path / "cache"
+    expected = load_pairs(TRAIN, cache_dir=cache)
+    pairs_dir, structures_dir = map(Path, expected.files)
+    expected_pairs, expected_structures = expected.pairs.to_dict(), expected.structures.to_dict()
+    del expected
+    arrow = next(pairs_dir.glob("*.arrow"))
+    if damage == "truncated":
+        os.truncate(arrow, arrow.stat().st_size // 2)
+    elif damage == "shorter":  # a valid Arrow file of fewer rows, which datasets alone reads without a word
+        short = tmp_path / "short"
+        datasets.load_from_disk(str(pairs_dir)).select(range(100)).flatten_indices().save_to_disk(str(short))
+        shutil.copy(next(short.glob("*.arrow")), arrow)
+        assert datasets.load_from_disk(str(pairs_dir)).num_rows == 100
+    elif damage == "missing_sizes":
+        (pairs_dir / "dpo_inv_files.json").unlink()
+    else:  # the structures table renamed into place by hand without its last file
+        (structures_dir / "dpo_inv_files.json").unlink()
+    capsys.readouterr()
+    reloaded = load_pairs(TRAIN, cache_dir=cache)
+    note = capsys.readouterr().out
+    assert "is damaged" in note and "building it again" in note
+    assert reloaded.pairs.to_dict() == expected_pairs
+    assert reloaded.structures.to_dict() == expected_structures
+    assert len(parse_count) == 20 * (2 if damage == "half_written" else 1)
+    load_pairs(TRAIN, cache_dir=cache)
+    assert "damaged" not in capsys.readouterr().out  # rebuilt whole
+
+
 def test_formats_give_identical_pairs(tmp_path, cache_dir):
     rows = absolute(records()[:12])
     jsonl = write_jsonl(tmp_path / "pairs.jsonl", rows)

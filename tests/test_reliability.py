@@ -1,11 +1,13 @@
 """Runs that do not end well, on real processes and signals: walltime signals, partial or damaged
-checkpoints, diverging training, a rank that fails or stops responding."""
+checkpoints, diverging training, a rank that fails, stops responding or is killed, a full disk, two jobs
+on one output folder."""
 
 import math
 import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -17,12 +19,12 @@ import pytest
 import torch
 from conftest import ROOT
 from safetensors.torch import load_file
-from test_distributed import free_port
+from test_distributed import free_port, launchers
 from test_train import env, metrics, run, small_pairs, weights
 
 from dpo_inv.models.weights import _packaged_path, load_model
 from dpo_inv.training.checkpoints import checkpoint_problem, find_checkpoint, sorted_checkpoints
-from dpo_inv.training.config import EXIT_INTERRUPTED, EXIT_NONFINITE
+from dpo_inv.training.config import EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_NONFINITE, EXIT_NOT_SAVED
 
 PY = sys.executable
 TRAIN = (PY, "-m", "dpo_inv.run")
@@ -281,3 +283,93 @@ def test_resume_latest_starts_a_new_run_then_resumes_it(tmp_path):
     (output / "checkpoints" / "step-3" / "trainer_state.json").unlink()  # only a damaged one is left
     with pytest.raises(FileNotFoundError, match="only damaged ones; give a checkpoint directory"):
         find_checkpoint(output, "latest")
+
+
+def test_a_second_job_on_the_same_output_dir_refuses_naming_the_first(tmp_path, start):
+    """Two jobs on one output_dir would interleave their checkpoints: the second stops at once (exit 2),
+    naming the first; the lock goes with the first job however it ends."""
+    data, output = str(small_pairs(tmp_path)), tmp_path / "out"
+    first = start(output, "--train_file", data, "--max_steps", "500", *ARGS)
+    wait_for_a_logged_step(first, output)
+    second = subprocess.run(
+        [*TRAIN, "--cache_dir", str(tmp_path / "cache"), "--output_dir", str(output), "--train_file", data,
+         "--max_steps", "2", *ARGS],
+        cwd=ROOT, env=env(tmp_path), capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert second.returncode == EXIT_BAD_INPUT, second.stderr[-3000:]
+    assert "Traceback" not in second.stderr
+    assert (
+        second.stderr.strip()
+        .splitlines()[-1]
+        .startswith(f"{output} is in use by another job (pid {first.pid} on {socket.gethostname()}, started ")
+    )
+    assert f"see {output / 'run.lock'}): wait for it to end, or give another output_dir" in second.stderr
+    assert first.poll() is None and [m["step"] for m in metrics(output)] == list(
+        range(1, len(metrics(output)) + 1)
+    )
+    os.killpg(first.pid, signal.SIGKILL)  # as the OOM killer would
+    first.wait()
+    run(tmp_path, "--output_dir", str(output), "--train_file", data, "--max_steps", "1", *ARGS,
+        "--resume_from_checkpoint", "latest")  # fmt: skip
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 30 MiB file system: room for one checkpoint (20 MiB) and not for a second beside it."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=30m", "tmpfs", str(disk)], capture_output=True
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a small file system here: {mounted.stderr.strip()}")
+    yield disk
+    subprocess.run(["umount", "-l", str(disk)], check=True)
+
+
+def test_a_full_disk_while_saving_ends_the_run_in_one_line_with_the_previous_checkpoint_resumable(
+    tmp_path, small_disk
+):
+    data, output = str(small_pairs(tmp_path)), small_disk / "out"
+    args = ("--train_file", data, "--max_steps", "3", *ARGS, "--save_steps", "1", "--save_total_limit", "1")
+    result = subprocess.run(
+        [*TRAIN, "--cache_dir", str(tmp_path / "cache"), "--output_dir", str(output), *args],
+        cwd=ROOT, env=env(tmp_path), capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert result.returncode == EXIT_NOT_SAVED, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "Traceback" not in result.stderr
+    message = [line for line in result.stdout.splitlines() if line.startswith("Could not write")]
+    assert len(message) == 1
+    assert message[0].startswith(f"Could not write {output / 'checkpoints' / 'step-2'}: ")
+    assert message[0].endswith(
+        "(a full disk or quota is the usual cause). The checkpoint step-1 is complete: make room, then run "
+        f"again with --output_dir {output} --resume_from_checkpoint latest"
+    )
+    assert checkpoints(output) == ["step-1"] and checkpoint_problem(output / "checkpoints" / "step-1") is None
+    moved = tmp_path / "out"  # room made: the run goes on elsewhere
+    shutil.copytree(output, moved)
+    resumed = run(tmp_path, "--output_dir", str(moved), *args, "--resume_from_checkpoint", "latest")
+    assert f"Resumed from {moved / 'checkpoints' / 'step-1'} at step 1" in resumed.stdout
+    assert [m["step"] for m in metrics(moved)] == [1, 2, 3] and checkpoints(moved) == ["step-3"]
+
+
+@pytest.mark.parametrize("launcher", ["torchrun", "accelerate", "mpiexec"])
+def test_a_killed_rank_ends_the_whole_job_within_ddp_timeout(tmp_path, start, launcher):
+    """SIGKILL (what the OOM killer sends) to rank 1 mid-run: its launcher ends the job, and says which."""
+    command, extra_env = launchers(free_port())[launcher]
+    output = tmp_path / "out"
+    job = start(output, "--train_file", str(small_pairs(tmp_path)), "--max_steps", "500", *ARGS,
+                "--ddp_timeout", "60", command=command, extra_env=extra_env)  # fmt: skip
+    wait_for_a_logged_step(job, output)
+    ranks = {}
+    for child in psutil.Process(job.pid).children(recursive=True):
+        environ = child.environ()
+        if "dpo_inv.run" in child.cmdline():
+            ranks[environ.get("RANK", environ.get("PMI_RANK"))] = child
+    assert set(ranks) == {"0", "1"}
+    killed = time.monotonic()
+    ranks["1"].kill()
+    assert job.wait(timeout=120) != 0
+    assert time.monotonic() - killed < 60
+    assert str(ranks["1"].pid) in output_of(output)  # the launcher names the process that was killed
+    assert not ranks["0"].is_running()

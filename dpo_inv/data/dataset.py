@@ -15,8 +15,7 @@ from typing import Any
 import datasets
 import numpy as np
 
-from dpo_inv.data.featurized import FEATURES_VERSION, build_structures, save_atomically
-from dpo_inv.data.progress import quiet_datasets
+from dpo_inv.data.featurized import FEATURES_VERSION, build_structures
 from dpo_inv.data.records import (
     BadRecord,
     Data,
@@ -28,6 +27,7 @@ from dpo_inv.data.records import (
     raise_bad_records,
     records_folder,
 )
+from dpo_inv.data.saved import load_cached, load_saved, save_atomically
 from dpo_inv.structures.membrane import membrane_labels
 from dpo_inv.structures.parse import (
     ALPHABET,
@@ -348,10 +348,10 @@ def load_pairs(
         ).encode()
     ).hexdigest()[:20]  # fmt: skip
     pairs_dir = structures_dir.parent / f"pairs-{digest}"
-    with quiet_datasets():
-        if not pairs_dir.is_dir():
-            save_atomically(datasets.Dataset.from_dict(columns, features=PAIR_FEATURES), pairs_dir)
-        pairs = datasets.load_from_disk(str(pairs_dir))
+    pairs = load_cached(pairs_dir)
+    if pairs is None:
+        save_atomically(datasets.Dataset.from_dict(columns, features=PAIR_FEATURES), pairs_dir)
+        pairs = load_saved(pairs_dir)
     return PairDataset(
         pairs=pairs,
         structures=structures,
@@ -364,6 +364,5 @@ def load_pairs(
 def load_saved_pairs(files: tuple[str, str], source: str) -> PairDataset:
     """The pairs another process has loaded and validated (its `PairDataset.files`)."""
     pairs_dir, structures_dir = files
-    with quiet_datasets():
-        pairs, structures = datasets.load_from_disk(pairs_dir), datasets.load_from_disk(structures_dir)
+    pairs, structures = load_saved(Path(pairs_dir)), load_saved(Path(structures_dir))
     return PairDataset(pairs=pairs, structures=structures, source=source, files=files)

@@ -6,8 +6,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import os
-import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -15,6 +13,7 @@ import datasets
 import numpy as np
 
 from dpo_inv.data.progress import progress, quiet_datasets
+from dpo_inv.data.saved import load_cached, load_saved, save_atomically
 from dpo_inv.structures.context import context_atoms
 from dpo_inv.structures.parse import (
     PROTEINMPNN_PARSE,
@@ -26,7 +25,7 @@ from dpo_inv.structures.parse import (
 )
 
 PARSE_CHUNK = 512  # structures parsed between two progress updates
-FEATURES_VERSION = "3"  # bump when the stored structure features change
+FEATURES_VERSION = "4"  # bump when the stored structure features change
 
 
 def _featurize_structure(row: dict, options: ParseOptions) -> dict:
@@ -111,19 +110,6 @@ def default_cache_dir() -> Path:
     return Path(datasets.config.HF_DATASETS_CACHE) / "dpo_inv"
 
 
-def save_atomically(table: datasets.Dataset, target: Path) -> None:
-    """Save to `target` through a temporary folder; a concurrent run that saved it first wins."""
-    tmp = target.with_name(f"{target.name}.{os.getpid()}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    table.save_to_disk(str(tmp))
-    try:
-        tmp.rename(target)
-    except OSError:
-        if not target.is_dir():
-            raise
-        shutil.rmtree(tmp)
-
-
 def build_structures(
     keys: Sequence[tuple[str, tuple[str, ...], tuple[str, ...]]],
     cache_dir: str | Path | None = None,
@@ -134,9 +120,9 @@ def build_structures(
     loaded_from_cache). A structure that cannot be used is kept as a row with its `error`."""
     cache_root = Path(cache_dir) if cache_dir else default_cache_dir()
     target = cache_root / f"structures-{_fingerprint(keys, options)}"
-    if target.is_dir():
-        with quiet_datasets():
-            return datasets.load_from_disk(str(target)), target, True
+    cached = load_cached(target)
+    if cached is not None:
+        return cached, target, True
     keys_table = {
         "path": [k[0] for k in keys],
         "design_chains": [list(k[1]) for k in keys],
@@ -161,4 +147,4 @@ def build_structures(
             )
             bar.update(len(chunk))
         save_atomically(datasets.concatenate_datasets(parts), target)
-        return datasets.load_from_disk(str(target)), target, False
+    return load_saved(target), target, False

@@ -26,7 +26,9 @@ from dpo_inv.tools.reward_fn import RewardError, RewardFunction, compute_rewards
 from dpo_inv.tools.sample import SampleConfig, sample_structure
 from dpo_inv.tools.targets import Targets, load_targets
 from dpo_inv.training.config import EXIT_BAD_INPUT, DPOConfig, check_signs, field_help
+from dpo_inv.training.launch import say
 from dpo_inv.training.loading import load_data
+from dpo_inv.training.output_lock import output_lock
 from dpo_inv.training.plot import plot_rounds
 from dpo_inv.training.stopping import TrainingStopped
 from dpo_inv.training.trainer import fit, load_models, model_overrides, start_job
@@ -126,10 +128,9 @@ def read_jsonl(path: Path) -> list[dict]:
 
 
 def stop_everywhere(accelerator: Accelerator, message: str | None, exit_code: int = EXIT_BAD_INPUT) -> None:
-    """Collective: when rank 0 has a message, every rank stops, rank 0 printing it."""
+    """Collective: when rank 0 has a message, every rank stops with it."""
     (message,) = broadcast_object_list([message])
     if message is not None:
-        accelerator.print(message)
         raise TrainingStopped(message, exit_code)
 
 
@@ -195,7 +196,7 @@ def sampling_pass(
     sampled = Pass(k, round_dir(config, k))
     sampled.samples = read_jsonl(sampled.samples_file)
     if sampled.samples:
-        accelerator.print(f"Round {k}: {len(sampled.samples)} samples read from {sampled.samples_file}")
+        say(accelerator, f"Round {k}: {len(sampled.samples)} samples read from {sampled.samples_file}")
     else:
         sampled.samples = sample_targets(accelerator, policy, targets, config, k)
     if any("reward" not in s for s in sampled.samples):
@@ -268,10 +269,11 @@ def record(accelerator: Accelerator, config: RoundsConfig, line: dict) -> None:
         with open(Path(config.output_dir) / "rounds.jsonl", "a") as handle:
             handle.write(json.dumps(line) + "\n")
     records = f", {line['num_pairs']} training records" if line["num_pairs"] is not None else ""
-    accelerator.print(
+    say(
+        accelerator,
         f"Round {line['round']}: mean reward {line['mean_reward']:.4f} (median {line['median_reward']:.4f}, "
         f"best {line['best_reward']:.4f}), recovery {line['recovery']:.3f}, diversity "
-        f"{line['diversity']:.3f}{records}"
+        f"{line['diversity']:.3f}{records}",
     )
     tracked = ("mean_reward", "median_reward", "best_reward", "recovery", "diversity")
     accelerator.log({f"rounds/{name}": line[name] for name in tracked}, step=line["round"])
@@ -328,6 +330,18 @@ def rounds(config: RoundsConfig, reward: RewardFunction | None = None) -> list[d
     """
     check_reward(config, reward)
     accelerator, setup = start_job(config)
+    with output_lock(accelerator, config.output_dir):
+        run_rounds(accelerator, setup, config, reward)
+    if accelerator.is_main_process and importlib.util.find_spec("matplotlib") is not None:
+        plot_rounds(config.output_dir)
+    return read_jsonl(Path(config.output_dir) / "rounds.jsonl")
+
+
+def run_rounds(
+    accelerator: Accelerator, setup: str, config: RoundsConfig, reward: RewardFunction | None
+) -> None:
+    """The rounds, each trained in round-K (resumed after the last round finished before), and the last
+    sampling pass."""
     options = model_parse_options(
         config.model_name_or_path, config.ref_model_name_or_path, config.ligand_context, config.ligand_exclude
     )
@@ -337,10 +351,11 @@ def rounds(config: RoundsConfig, reward: RewardFunction | None = None) -> list[d
     start = len(finished)
     if start:
         policy = load_model(round_dir(config, start - 1) / "final", **model_overrides(config))
-        accelerator.print(f"Resuming after round {start - 1}, from {round_dir(config, start - 1) / 'final'}")
-    accelerator.print(
+        say(accelerator, f"Resuming after round {start - 1}, from {round_dir(config, start - 1) / 'final'}")
+    say(
+        accelerator,
         f"{len(targets)} targets, {config.num_samples} samples each; rounds {start} to "
-        f"{config.num_rounds - 1} of {config.num_rounds}, then a last sampling pass"
+        f"{config.num_rounds - 1} of {config.num_rounds}, then a last sampling pass",
     )
     accelerator.init_trackers(config.run_name, config=config.to_sanitized_dict())
     offset = sum(line["train_steps"] for line in finished)
@@ -363,6 +378,3 @@ def rounds(config: RoundsConfig, reward: RewardFunction | None = None) -> list[d
         record(accelerator, config, summary(last, None, 0))
     finally:
         accelerator.end_training()
-    if accelerator.is_main_process and importlib.util.find_spec("matplotlib") is not None:
-        plot_rounds(config.output_dir)
-    return read_jsonl(Path(config.output_dir) / "rounds.jsonl")

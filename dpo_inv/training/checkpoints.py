@@ -5,13 +5,17 @@ from __future__ import annotations
 import json
 import re
 import shutil
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 from accelerate import Accelerator
+from accelerate.utils import gather_object
 
-from dpo_inv.training.config import DPOConfig
+from dpo_inv.data.saved import file_sizes, size_problem
+from dpo_inv.training.config import EXIT_NOT_SAVED, DPOConfig
+from dpo_inv.training.stopping import TrainingStopped
 
 STATE_FILE = "trainer_state.json"
 CHECKPOINT_NAME = re.compile(r"step-(\d+)")
@@ -30,8 +34,8 @@ class TrainerState:
 
     def save(self, directory: Path) -> None:
         """Written last, with the size of every file of the checkpoint: a damaged checkpoint is recognised."""
-        files = {str(p.relative_to(directory)): p.stat().st_size for p in directory.rglob("*") if p.is_file()}
-        (directory / STATE_FILE).write_text(json.dumps({**asdict(self), "files": files}, indent=2))
+        state = {**asdict(self), "files": file_sizes(directory)}
+        (directory / STATE_FILE).write_text(json.dumps(state, indent=2))
 
     @classmethod
     def load(cls, directory: Path) -> TrainerState:
@@ -47,13 +51,7 @@ def checkpoint_problem(directory: Path) -> str | None:
         files = json.loads((directory / STATE_FILE).read_text())["files"]
     except (OSError, ValueError, KeyError) as err:
         return f"no complete {STATE_FILE} ({err!r})"
-    for name, size in files.items():
-        path = directory / name
-        if not path.is_file():
-            return f"{name} is missing"
-        if path.stat().st_size != size:
-            return f"{name} has {path.stat().st_size} bytes, {size} when saved"
-    return None
+    return size_problem(directory, files)
 
 
 def find_checkpoint(output_dir: Path, resume_from_checkpoint: str) -> Path | None:
@@ -86,38 +84,109 @@ def sorted_checkpoints(output_dir: Path) -> list[Path]:
     return [path for _, path in sorted(found)]
 
 
+def truncate_log(path: Path, step: int) -> None:
+    """Keep the lines of a JSON-lines log (metrics.jsonl) up to `step`: a resumed run logs the later ones
+    again, once."""
+    if path.is_file():
+        lines = path.read_text().splitlines(keepends=True)
+        path.write_text("".join(line for line in lines if json.loads(line)["step"] <= step))
+
+
 def remove_partial_checkpoints(checkpoints: Path) -> None:
     for partial in checkpoints.glob("*.tmp"):
         shutil.rmtree(partial)
 
 
+def written_by_all(accelerator: Accelerator, write: Callable[[], object]) -> str | None:
+    """Run this rank's part of a save; collective: the first rank's failure to write (a full disk or quota,
+    which torch.save and safetensors report in their own words), or None when every rank wrote its part."""
+    try:
+        write()
+        problem = None
+    except Exception as err:  # OSError, or torch.save's RuntimeError or safetensors' error on a full disk
+        problem = f"{type(err).__name__}: {err}".replace("\n", " ")
+    problems = gather_object([problem])
+    return next((f"{p} (rank {r})" if len(problems) > 1 else p for r, p in enumerate(problems) if p), None)
+
+
+def not_saved(output_dir: Path, target: Path, problem: str) -> TrainingStopped:
+    """The stop of a run that could not write `target`: what happened, where, the checkpoint to go on from."""
+    free = shutil.disk_usage(output_dir).free / 2**20
+    complete = sorted_checkpoints(output_dir)
+    resume = "no checkpoint was saved before: make room, then run again"
+    if complete:
+        resume = (f"checkpoint {complete[-1].name} is complete: make room, then run again with --output_dir "
+                  f"{output_dir} --resume_from_checkpoint latest")  # fmt: skip
+    return TrainingStopped(
+        f"Could not write {target}: {problem}; {free:.0f} MiB free on that file system (a full disk or quota "
+        f"is the usual cause). The {resume}",
+        EXIT_NOT_SAVED,
+    )
+
+
+def replace_directory(partial: Path, directory: Path) -> None:
+    """Put the complete folder `partial` in the place of `directory`, which may exist."""
+    old = directory.with_name(f"{directory.name}.old.tmp")
+    if directory.exists():
+        directory.rename(old)
+    partial.rename(directory)
+    shutil.rmtree(old, ignore_errors=True)
+
+
 def save_checkpoint(accelerator: Accelerator, config: DPOConfig, state: TrainerState) -> None:
     """Save checkpoints/step-N atomically: every rank writes its part into step-N.tmp, then rank 0 adds the
-    trainer state and renames it; the newest `save_total_limit` checkpoints, this one always, are kept."""
+    trainer state and renames it; the newest `save_total_limit` checkpoints, this one always, are kept.
+    When a rank cannot write, the partial checkpoint is removed and the run stops (TrainingStopped), the
+    previous checkpoints complete."""
     output_dir = Path(config.output_dir)
     checkpoints = output_dir / "checkpoints"
     directory = checkpoints / f"step-{state.global_step}"
     partial = checkpoints / f"{directory.name}.tmp"
+
+    def finish() -> None:
+        if accelerator.is_main_process:
+            state.save(partial)
+            replace_directory(partial, directory)  # saved before, e.g. by the run this one resumed
+            if config.save_total_limit is not None:
+                newest_first = [p for p in reversed(sorted_checkpoints(output_dir)) if p != directory]
+                for old in newest_first[config.save_total_limit - 1 :]:
+                    shutil.rmtree(old)
+
     if accelerator.is_main_process:
         remove_partial_checkpoints(checkpoints)  # left by a save that was killed
     accelerator.wait_for_everyone()
-    accelerator.save_state(str(partial))
-    accelerator.wait_for_everyone()
+    problem = written_by_all(accelerator, lambda: accelerator.save_state(str(partial)))
+    problem = problem or written_by_all(accelerator, finish)
+    if problem is not None:
+        if accelerator.is_main_process:
+            remove_partial_checkpoints(checkpoints)
+        raise not_saved(output_dir, directory, problem)
+
+
+def save_folder(accelerator: Accelerator, directory: Path, write: Callable[[Path], object]) -> None:
+    """Write a model folder (best/, final/) atomically: every rank calls `write(partial)` to write its part
+    into DIRECTORY.tmp, which then takes the place of `directory`; when a rank cannot write, the run stops
+    (TrainingStopped) and `directory` is as it was."""
+    partial = directory.with_name(f"{directory.name}.tmp")
     if accelerator.is_main_process:
-        state.save(partial)
-        if directory.exists():  # saved before, e.g. by the run this one resumed: swap, then delete
-            directory.rename(checkpoints / f"{directory.name}.old.tmp")
-        partial.rename(directory)
-        remove_partial_checkpoints(checkpoints)
-        if config.save_total_limit is not None:
-            others = [p for p in reversed(sorted_checkpoints(output_dir)) if p != directory]  # newest first
-            for old in others[config.save_total_limit - 1 :]:
-                shutil.rmtree(old)
+        shutil.rmtree(partial, ignore_errors=True)  # left by a save that was killed
     accelerator.wait_for_everyone()
+    problem = written_by_all(accelerator, lambda: write(partial))
+    problem = problem or written_by_all(
+        accelerator, lambda: accelerator.is_main_process and replace_directory(partial, directory)
+    )
+    if problem is not None:
+        if accelerator.is_main_process:
+            shutil.rmtree(partial, ignore_errors=True)
+        raise not_saved(directory.parent, directory, problem)
 
 
 def save_model(accelerator: Accelerator, model: torch.nn.Module, directory: Path) -> None:
-    accelerator.unwrap_model(model, keep_torch_compile=False).save_pretrained(
-        directory, is_main_process=accelerator.is_main_process, save_function=accelerator.save
+    unwrapped = accelerator.unwrap_model(model, keep_torch_compile=False)
+    save_folder(
+        accelerator,
+        directory,
+        lambda partial: unwrapped.save_pretrained(
+            partial, is_main_process=accelerator.is_main_process, save_function=accelerator.save
+        ),
     )
-    accelerator.wait_for_everyone()

@@ -26,14 +26,16 @@ VARIANT_METRICS = ("eval_spearman", "eval_spearman_median", "eval_native_recover
 EXIT_BAD_INPUT = 2
 EXIT_INTERRUPTED = 3
 EXIT_NONFINITE = 4
+EXIT_NOT_SAVED = 5
 EPILOG = (
     f"Exit status: 0 when training finished; {EXIT_BAD_INPUT} on bad input: a bad option, or bad "
     "records, each reported on one line naming the file, the record, what is wrong and the fix; "
     f"{EXIT_INTERRUPTED} when SIGTERM or SIGUSR1 (what PBS and SLURM send before the walltime) stopped it "
     "at an optimizer step with a checkpoint: run again with --resume_from_checkpoint latest to finish; "
     f"{EXIT_NONFINITE} when it stopped with a checkpoint after max_consecutive_nonfinite steps in a row "
-    "with a non-finite loss or gradient norm; 1 on another error, which each failing rank reports as a "
-    "last line 'rank R: ...' on stderr. A second signal ends the process at once."
+    f"with a non-finite loss or gradient norm; {EXIT_NOT_SAVED} when a checkpoint or model could not be "
+    "written (a full disk or quota), the previous checkpoint complete; 1 on another error, which each "
+    "failing rank reports as a last line 'rank R: ...' on stderr. A second signal ends the process at once."
 )
 
 

@@ -14,6 +14,7 @@ from collections.abc import MutableMapping
 from dataclasses import dataclass
 
 import torch
+from accelerate import Accelerator
 
 # (rank, world size, local rank candidates, local size candidates) per launcher, in order of precedence
 LAUNCHERS = {
@@ -144,3 +145,10 @@ def resolve_device(name: str | None) -> torch.device:
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"--device {name}: CUDA is not available")
     return device
+
+
+def say(accelerator: Accelerator, message: str) -> None:
+    """Print `message` once per job, on rank 0: a job over several nodes writes one log (Accelerate's
+    print prints once per node)."""
+    if accelerator.is_main_process:
+        print(message, flush=True)

@@ -30,6 +30,7 @@ from dpo_inv.models.variants import LabelledVariants, variant_labels
 from dpo_inv.models.weights import model_parse_options
 from dpo_inv.structures.context import empty_context_note
 from dpo_inv.training.config import EXIT_BAD_INPUT, DPOConfig
+from dpo_inv.training.launch import say
 from dpo_inv.training.loss import batch_ranks, pair_logps
 from dpo_inv.training.stopping import TrainingStopped
 
@@ -166,9 +167,10 @@ def write_skipped(accelerator: Accelerator, config: DPOConfig, loaded: list[Pair
     with open(output_dir / "skipped.jsonl", "w") as handle:
         for record in skipped:
             handle.write(json.dumps(asdict(record), default=str) + "\n")
-    accelerator.print(
+    say(
+        accelerator,
         f"Skipped {len(skipped)} bad record(s) of {', '.join(data.source for data in loaded)}; each is "
-        f"listed with its reason in {output_dir / 'skipped.jsonl'}"
+        f"listed with its reason in {output_dir / 'skipped.jsonl'}",
     )
 
 

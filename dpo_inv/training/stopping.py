@@ -22,7 +22,7 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)  # what PBS and SLURM send befor
 
 
 class TrainingStopped(Exception):
-    """Training ended early and rank 0 has said why; `exit_code` is the exit status to report."""
+    """Training ended early, on every rank; the message says why, `exit_code` is the exit status to report."""
 
     def __init__(self, message: str, exit_code: int) -> None:
         super().__init__(message)
@@ -95,11 +95,13 @@ def leave_process_group() -> None:
 
 def run_job(job: Callable[[], object], debug: bool) -> None:
     """Run a job (training, rounds) and exit with its status: 0; EXIT_BAD_INPUT with one line per bad
-    record (rank 0 says them); a TrainingStopped's status (rank 0 has said why); 1 on another error, which
+    record (rank 0 says them); a TrainingStopped's status (rank 0 says why); 1 on another error, which
     each failing rank reports as a last line `rank R: ...` (under a launcher the ranks share one output)."""
     try:
         job()
     except TrainingStopped as stopped:
+        if os.environ.get("RANK", "0") == "0":
+            print(stopped, flush=True)
         leave_process_group()
         sys.exit(stopped.exit_code)
     except DataError as err:

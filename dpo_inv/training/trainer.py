@@ -29,14 +29,22 @@ from dpo_inv.data.progress import progress
 from dpo_inv.data.records import Data, is_file
 from dpo_inv.models.mpnn import ProteinMPNN
 from dpo_inv.models.weights import load_model
-from dpo_inv.training.checkpoints import TrainerState, find_checkpoint, save_checkpoint, save_model
+from dpo_inv.training.checkpoints import (
+    TrainerState,
+    find_checkpoint,
+    save_checkpoint,
+    save_folder,
+    save_model,
+    truncate_log,
+)
 from dpo_inv.training.config import DPOConfig
 from dpo_inv.training.evaluation import describe, eval_structures, improved, run_evaluation
-from dpo_inv.training.launch import device_backend, setup_environment, threads_per_process
+from dpo_inv.training.launch import device_backend, say, setup_environment, threads_per_process
 from dpo_inv.training.loading import RunData, load_data, precompute_reference, save_in_memory
 from dpo_inv.training.objective import metric_columns, step_metrics, summarize
+from dpo_inv.training.output_lock import output_lock
 from dpo_inv.training.plot import plot
-from dpo_inv.training.stopping import StopSignals, TrainingStopped, diverged, interrupted
+from dpo_inv.training.stopping import StopSignals, diverged, interrupted
 
 
 def build_accelerator(config: DPOConfig, **options: Any) -> tuple[Accelerator, str]:
@@ -103,7 +111,7 @@ def check_replicas_agree(accelerator: Accelerator, model: torch.nn.Module) -> No
     sums = accelerator.gather(torch.stack(params).unsqueeze(0).to(accelerator.device)).cpu()
     if not torch.equal(sums, sums[:1].expand_as(sums)):
         raise RuntimeError("parameters differ between ranks after training: gradients were not synchronised")
-    accelerator.print(f"Parameters identical on all {accelerator.num_processes} process(es)")
+    say(accelerator, f"Parameters identical on all {accelerator.num_processes} process(es)")
 
 
 MAX_PASSES = 100  # more passes over the training data than this are announced as overfitting
@@ -234,11 +242,14 @@ def resume(run: Run) -> None:
         return
     checkpoint = find_checkpoint(run.output_dir, run.config.resume_from_checkpoint)
     if checkpoint is None:
-        run.accelerator.print(f"No checkpoint in {run.output_dir / 'checkpoints'} yet: starting from step 0")
+        say(run.accelerator, f"No checkpoint in {run.output_dir / 'checkpoints'} yet: starting from step 0")
         return
     run.accelerator.load_state(str(checkpoint))
     run.state = TrainerState.load(checkpoint)
-    run.accelerator.print(f"Resumed from {checkpoint} at step {run.state.global_step}")
+    if run.accelerator.is_main_process:  # a run killed after its last checkpoint logged further steps
+        for log in ("metrics.jsonl", "data_order.jsonl"):
+            truncate_log(run.output_dir / log, run.state.global_step)
+    say(run.accelerator, f"Resumed from {checkpoint} at step {run.state.global_step}")
 
 
 def announce(run: Run, setup: str) -> None:
@@ -251,13 +262,14 @@ def announce(run: Run, setup: str) -> None:
     evals = f"{0 if data.eval is None else len(data.eval.pairs)} eval {unit}"
     evals += f", {len(data.variants.labels)} eval variants" if data.variants is not None else ""
     global_batch = config.per_device_train_batch_size * accelerator.num_processes
-    accelerator.print(
+    say(
+        accelerator,
         f"{len(data.train.pairs)} training {unit}, {evals}; {accelerator.num_processes} process(es) on "
         f"{accelerator.device} ({setup}); batch {config.per_device_train_batch_size} per device, global "
-        f"batch {global_batch * config.gradient_accumulation_steps}; {run.steps.total} optimizer steps"
+        f"batch {global_batch * config.gradient_accumulation_steps}; {run.steps.total} optimizer steps",
     )
     for note in data_notes(config, data, run.steps):
-        accelerator.print(f"Note: {note}")
+        say(accelerator, f"Note: {note}")
 
 
 def data_notes(config: DPOConfig, data: RunData, steps: Steps) -> list[str]:
@@ -403,12 +415,7 @@ def train_loop(run: Run) -> None:
                     continue
                 bar.update(1)
                 bar.set_postfix(loss=f"{window.totals[0] / window.count:.4f}", refresh=False)
-                try:
-                    window = end_of_step(run, window, finite, signals, epoch)
-                except TrainingStopped as stop:
-                    bar.close()
-                    run.accelerator.print(stop)
-                    raise
+                window = end_of_step(run, window, finite, signals, epoch)
                 finite = True
                 if state.global_step >= run.steps.total:
                     return
@@ -420,15 +427,18 @@ def finish(run: Run) -> None:
     check_replicas_agree(accelerator, run.model)
     done = f"{describe(run.eval_metrics)}; " if run.eval_metrics else ""
     if config.load_best_model_at_end and state.best_step is not None:
-        if accelerator.is_main_process:
-            shutil.copytree(run.output_dir / "best", run.output_dir / "final", dirs_exist_ok=True)
-        accelerator.wait_for_everyone()
+
+        def copy_best(partial: Path) -> None:
+            if accelerator.is_main_process:
+                shutil.copytree(run.output_dir / "best", partial)
+
+        save_folder(accelerator, run.output_dir / "final", copy_best)
         done += (
             f"best {config.metric_for_best_model} {state.best_metric:.4f} at step {state.best_step}: that "
         )
     else:
         save_model(accelerator, run.model, run.output_dir / "final")
-    accelerator.print(f"Done: {done}model saved to {run.output_dir / 'final'}")
+    say(accelerator, f"Done: {done}model saved to {run.output_dir / 'final'}")
     if accelerator.is_main_process and importlib.util.find_spec("matplotlib") is not None:
         plot(run.output_dir)
 
@@ -504,24 +514,24 @@ def train(
     they train together; otherwise (a notebook) it runs in one process.
     """
     accelerator, setup = start_job(config)
-    data = load_data(accelerator, config, train_dataset, eval_dataset)
-    given = {"train_file": ("train_dataset", train_dataset), "eval_file": ("eval_dataset", eval_dataset)}
-    config = dataclasses.replace(  # the files config.yaml names: as given, or the records in memory saved
-        config,
-        **{
-            field: str(data) if is_file(data) else save_in_memory(accelerator, config, name, data)
-            for field, (name, data) in given.items()
-            if data is not None
-        },
-    )
-    model, reference = load_models(config, accelerator.device)
-    reference_name = config.ref_model_name_or_path or "the policy's starting weights"
-    accelerator.print(
-        f"Policy {config.model_name_or_path}; reference {'none' if config.reference_free else reference_name}"
-    )
-    accelerator.init_trackers(config.run_name, config=config.to_sanitized_dict())
-    try:
-        fitted = fit(accelerator, config, model, reference, data, setup)
-    finally:
-        accelerator.end_training()
+    with output_lock(accelerator, config.output_dir):
+        data = load_data(accelerator, config, train_dataset, eval_dataset)
+        given = {"train_file": ("train_dataset", train_dataset), "eval_file": ("eval_dataset", eval_dataset)}
+        config = dataclasses.replace(  # the files config.yaml names: as given, or the records in memory saved
+            config,
+            **{
+                field: str(data) if is_file(data) else save_in_memory(accelerator, config, name, data)
+                for field, (name, data) in given.items()
+                if data is not None
+            },
+        )
+        model, reference = load_models(config, accelerator.device)
+        reference_name = config.ref_model_name_or_path or "the policy's starting weights"
+        reference_name = "none" if config.reference_free else reference_name
+        say(accelerator, f"Policy {config.model_name_or_path}; reference {reference_name}")
+        accelerator.init_trackers(config.run_name, config=config.to_sanitized_dict())
+        try:
+            fitted = fit(accelerator, config, model, reference, data, setup)
+        finally:
+            accelerator.end_training()
     return TrainOutput(fitted.model.eval(), {**fitted.train_metrics, **fitted.eval_metrics})
