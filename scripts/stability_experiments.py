@@ -2,14 +2,17 @@
 never trained on.
 
     python scripts/stability_experiments.py [--work_dir outputs/stability_experiments] [--only NAME ...]
+        [--seeds 42 1 2]
 
 The 77 domains are split by `scripts/split_by_domain.py` (homologues kept together) into 51 for training
 and model choice and 26 held out for the test (seed 1); the 51 again into 40 that train and 11 whose
 variants (300 per domain) pick the best eval (seed 2). Each run trains with `eval_on_start`, evaluates
 every `eval_steps` on the 11 and keeps `best/` by `eval_spearman`; `best/` and `final/` are then scored on
 300 variants per test domain (conditional, left to right), and `final/` also with the full-sequence
-estimator on 40 per test domain, which gives the mean log p of the variants too. One JSON line per run is
-appended to `WORK_DIR/results.jsonl`. Each run takes 6-20 minutes on two CPU cores.
+estimator on 40 per test domain, which gives the mean log p of the variants too; `scripts/design_ability.py`
+measures the designs `best/` samples on 12 other backbones. `--seeds` repeats each run with those training
+seeds (42, the trainer's default, names the run alone). One JSON line per run is appended to
+`WORK_DIR/results.jsonl`. Each run takes 6-20 minutes on two CPU cores.
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ import subprocess
 import sys
 from collections import defaultdict
 from pathlib import Path
+
+from dpo_inv.data.records import rebase_paths, write_jsonl
 
 ROOT = Path(__file__).resolve().parents[1]
 STABILITY = ROOT.parent / "shared" / "stability" / "train.jsonl"
@@ -41,6 +46,9 @@ RUNS = {
     "same_position_full_sequence": (("same_position", 1, 100, "full_sequence"),
                                     "--decoding_order random --max_steps 200"),
     "same_position_200_500steps": (("same_position", 1, 200, ""), "--max_steps 500 --eval_steps 100"),
+    "same_position_200_400steps": (("same_position", 1, 200, ""), "--max_steps 400"),
+    "same_position_200_400steps_anchor0.3": (("same_position", 1, 200, ""),
+                                             "--max_steps 400 --anchor_weight 0.3"),
 }  # fmt: skip
 TRAINING = ("--eval_split 0 --beta 0.1 --learning_rate 5e-5 --per_device_train_batch_size 8 --eval_steps 50 "
             "--eval_on_start --metric_for_best_model eval_spearman --save_steps 1000 --logging_steps 10 "
@@ -54,10 +62,11 @@ def run(*args: str) -> str:
 def subsample(source: Path, target: Path, per_domain: int) -> None:
     rows = defaultdict(list)
     for line in source.read_text().splitlines():
-        rows[json.loads(line)["domain"]].append(line)
+        row = json.loads(line)
+        rows[row["domain"]].append(row)
     rng = random.Random(0)
-    picked = [line for lines in rows.values() for line in rng.sample(lines, min(per_domain, len(lines)))]
-    target.write_text("".join(line + "\n" for line in picked))
+    picked = [row for domain in rows.values() for row in rng.sample(domain, min(per_domain, len(domain)))]
+    write_jsonl(target, rebase_paths(picked, source.parent, target.parent))
 
 
 def prepare(work: Path) -> None:
@@ -98,17 +107,24 @@ def score(work: Path, model: Path, data: str, *options: str) -> tuple[dict, list
     return summary, [json.loads(line) for line in output.read_text().splitlines()]
 
 
+def design(model: str) -> dict:
+    script = str(ROOT / "scripts" / "design_ability.py")
+    return json.loads(run(PY, script, model).splitlines()[-1])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--work_dir", type=Path, default=ROOT / "outputs" / "stability_experiments")
     parser.add_argument("--only", nargs="*", choices=list(RUNS), default=list(RUNS))
+    parser.add_argument("--seeds", nargs="+", type=int, default=[42])
     args = parser.parse_args()
     work = args.work_dir.resolve()
     prepare(work)
-    for name in ["base", *args.only]:
-        output = work / "runs" / name
+    for name, seed in [("base", 42)] + [(name, seed) for seed in args.seeds for name in args.only]:
+        label = name if seed == 42 else f"{name}_seed{seed}"
+        output = work / "runs" / label
         if name == "base":
             models = {"best": "vanilla/v_48_020", "final": "vanilla/v_48_020"}
             evals = []
@@ -117,11 +133,11 @@ def main() -> None:
             train_file = build_pairs(work, *pairs)
             run(PY, "-m", "dpo_inv.run", "--train_file", str(train_file), "--eval_variants_file",
                 str(work / "dev" / "eval300.jsonl"), "--output_dir", str(output), *TRAINING.split(),
-                *options.split())  # fmt: skip
+                *options.split(), "--seed", str(seed))  # fmt: skip
             models = {"best": str(output / "best"), "final": str(output / "final")}
             metrics = [json.loads(line) for line in (output / "metrics.jsonl").read_text().splitlines()]
             evals = [(m["step"], round(m["eval_spearman"], 4)) for m in metrics if "eval_spearman" in m]
-        result = {"run": name, "dev_eval_spearman": evals}
+        result = {"run": label, "seed": seed, "dev_eval_spearman": evals}
         for which, model in models.items():
             summary, _ = score(work, model, "test300.jsonl", "--decoding_order", "left_to_right")
             result[f"test_{which}"] = summary["spearman_per_structure_mean"]
@@ -129,6 +145,9 @@ def main() -> None:
                               "--decoding_order", "left_to_right")  # fmt: skip
         result["test_final_full_sequence"] = summary["spearman_per_structure_mean"]
         result["mean_logp_final"] = round(sum(r["logp"] for r in rows) / len(rows), 1)
+        ability = design(models["best"])
+        result["design_recovery_best"] = ability["recovery"]
+        result["design_log_likelihood_best"] = ability["log_likelihood"]
         with open(work / "results.jsonl", "a") as handle:
             handle.write(json.dumps(result) + "\n")
         print(json.dumps(result), flush=True)
