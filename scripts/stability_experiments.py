@@ -122,7 +122,10 @@ def main() -> None:
     args = parser.parse_args()
     work = args.work_dir.resolve()
     prepare(work)
-    for name, seed in [("base", 42)] + [(name, seed) for seed in args.seeds for name in args.only]:
+    results = work / "results.jsonl"
+    done = [json.loads(line)["run"] for line in results.read_text().splitlines()] if results.is_file() else []
+    base = [] if "base" in done else [("base", 42)]  # the base model is measured once per work_dir
+    for name, seed in base + [(name, seed) for seed in args.seeds for name in args.only]:
         label = name if seed == 42 else f"{name}_seed{seed}"
         output = work / "runs" / label
         if name == "base":
@@ -148,7 +151,7 @@ def main() -> None:
         ability = design(models["best"])
         result["design_recovery_best"] = ability["recovery"]
         result["design_log_likelihood_best"] = ability["log_likelihood"]
-        with open(work / "results.jsonl", "a") as handle:
+        with open(results, "a") as handle:
             handle.write(json.dumps(result) + "\n")
         print(json.dumps(result), flush=True)
 

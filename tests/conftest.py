@@ -2,7 +2,11 @@
 
 import gzip
 import json
+import os
 import shutil
+import signal
+import subprocess
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -37,3 +41,32 @@ def gunzip(path: Path, directory: Path) -> Path:
 @pytest.fixture
 def cache_dir(tmp_path: Path) -> Path:
     return tmp_path / "cache"
+
+
+Background = Callable[..., subprocess.Popen]
+
+
+@pytest.fixture
+def background() -> Iterator[Background]:
+    """Start commands in the background, each in a session of its own with its output going to a log file;
+    those still going at the end of the test are killed with their children."""
+    started: list[subprocess.Popen] = []
+
+    def start(command: Sequence[str], log: Path, env: dict[str, str], cwd: Path = ROOT) -> subprocess.Popen:
+        with open(log, "w") as handle:
+            process = subprocess.Popen(
+                list(command),
+                cwd=cwd,
+                env=env,
+                stdout=handle,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        started.append(process)
+        return process
+
+    yield start
+    for process in started:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()

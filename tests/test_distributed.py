@@ -105,7 +105,16 @@ def test_two_processes_match_one_process_with_the_same_global_batch(tmp_path, si
     expected, actual = weights(single / "final"), weights(output / "final")
     for key in expected:
         torch.testing.assert_close(actual[key], expected[key], atol=1e-5, rtol=1e-4)
-    written = ["best", "checkpoints", "config.yaml", "data_order.jsonl", "final", "metrics.jsonl", "plots"]
+    written = [
+        "best",
+        "checkpoints",
+        "config.yaml",
+        "data_order.jsonl",
+        "final",
+        "metrics.jsonl",
+        "plots",
+        "run.lock",
+    ]
     assert sorted(p.name for p in output.iterdir()) == written
 
 

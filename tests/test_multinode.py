@@ -11,16 +11,14 @@ the launch variables and threads the run settled on."""
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT
+from conftest import ROOT, Background
 from test_distributed import free_port
 from test_train import env, metrics, run, small_pairs, weights
 
@@ -98,32 +96,18 @@ def shared(tmp_path: Path) -> Path:
     return tmp_path / "shared"
 
 
-Start = Callable[..., subprocess.Popen]
-
-
 @pytest.fixture
-def start(tmp_path: Path, shared: Path) -> Iterator[Start]:
+def start(tmp_path: Path, shared: Path, background: Background) -> Background:
     """Start a launcher in the background with the probe and without OMP_NUM_THREADS, output to LOG; those
     still going at the end are killed."""
-    started: list[subprocess.Popen] = []
     path = os.pathsep.join(filter(None, [str(tmp_path / "probe"), os.environ.get("PYTHONPATH")]))
     base = {k: v for k, v in env(tmp_path).items() if k != "OMP_NUM_THREADS"}
     probe = {"PYTHONPATH": path, "PROBE_ROOT": str(shared), "PROBE_LOG": str(tmp_path / "probe.jsonl")}
 
     def start(command: tuple[str, ...], log: Path, cwd: Path = ROOT, **extra_env: str) -> subprocess.Popen:
-        with open(log, "w") as handle:
-            process = subprocess.Popen(
-                command, cwd=cwd, env={**base, **probe, **extra_env}, stdout=handle,
-                stderr=subprocess.STDOUT, start_new_session=True,
-            )  # fmt: skip
-        started.append(process)
-        return process
+        return background(command, log, {**base, **probe, **extra_env}, cwd)
 
-    yield start
-    for process in started:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
+    return start
 
 
 def finished(runs: dict[Path, subprocess.Popen]) -> list[str]:

@@ -17,7 +17,7 @@ from pathlib import Path
 import psutil
 import pytest
 import torch
-from conftest import ROOT
+from conftest import ROOT, Background
 from safetensors.torch import load_file
 from test_distributed import free_port, launchers
 from test_train import env, metrics, run, small_pairs, weights
@@ -40,10 +40,9 @@ def torchrun(*options: str) -> tuple[str, ...]:
 
 
 @pytest.fixture
-def start(tmp_path: Path) -> Iterator[Start]:
+def start(tmp_path: Path, background: Background) -> Start:
     """Start a run in the background, its output going to LOG.log (default: OUTPUT_DIR.log); runs still
     going at the end are killed."""
-    started: list[subprocess.Popen] = []
 
     def start(
         output: Path,
@@ -52,20 +51,13 @@ def start(tmp_path: Path) -> Iterator[Start]:
         extra_env: dict[str, str] | None = None,
         log: Path | None = None,
     ) -> subprocess.Popen:
-        with open(f"{log or output}.log", "w") as handle:
-            process = subprocess.Popen(
-                [*command, "--cache_dir", str(tmp_path / "cache"), "--output_dir", str(output), *args],
-                cwd=ROOT, env={**env(tmp_path), **(extra_env or {})}, stdout=handle, stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )  # fmt: skip
-        started.append(process)
-        return process
+        return background(
+            [*command, "--cache_dir", str(tmp_path / "cache"), "--output_dir", str(output), *args],
+            Path(f"{log or output}.log"),
+            {**env(tmp_path), **(extra_env or {})},
+        )
 
-    yield start
-    for process in started:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
+    return start
 
 
 def start_ranks(start: Start, num_processes: int, output: Path, *args: str) -> list[subprocess.Popen]:
