@@ -134,57 +134,56 @@ def replace_directory(partial: Path, directory: Path) -> None:
 
 
 def save_checkpoint(accelerator: Accelerator, config: DPOConfig, state: TrainerState) -> None:
-    """Save checkpoints/step-N atomically: every rank writes its part into step-N.tmp, then rank 0 adds the
-    trainer state and renames it; the newest `save_total_limit` checkpoints, this one always, are kept.
-    When a rank cannot write, the partial checkpoint is removed and the run stops (TrainingStopped), the
-    previous checkpoints complete."""
+    """Save checkpoints/step-N atomically (`save_folder`), the trainer state written last; then the newest
+    `save_total_limit` checkpoints, this one always, are kept."""
     output_dir = Path(config.output_dir)
     checkpoints = output_dir / "checkpoints"
+    if accelerator.is_main_process:
+        remove_partial_checkpoints(checkpoints)  # left by a save that was killed
     directory = checkpoints / f"step-{state.global_step}"
-    partial = checkpoints / f"{directory.name}.tmp"
+    save_folder(accelerator, output_dir, directory, lambda partial: accelerator.save_state(str(partial)),
+                seal=state.save)  # fmt: skip
+    if accelerator.is_main_process and config.save_total_limit is not None:
+        newest_first = [p for p in reversed(sorted_checkpoints(output_dir)) if p != directory]
+        for old in newest_first[config.save_total_limit - 1 :]:
+            shutil.rmtree(old)
+
+
+def save_folder(
+    accelerator: Accelerator,
+    output_dir: Path,
+    directory: Path,
+    write: Callable[[Path], object],
+    seal: Callable[[Path], object] | None = None,
+) -> None:
+    """Write a folder of the run in `output_dir` (a checkpoint, best/, final/) atomically: every rank calls
+    `write(partial)` to write its part into DIRECTORY.tmp; rank 0 then calls `seal(partial)` and puts it in
+    the place of `directory`. When a rank cannot write, the partial folder is removed and the run stops
+    (TrainingStopped), `directory` and the checkpoints as they were."""
+    partial = directory.with_name(f"{directory.name}.tmp")
 
     def finish() -> None:
         if accelerator.is_main_process:
-            state.save(partial)
-            replace_directory(partial, directory)  # saved before, e.g. by the run this one resumed
-            if config.save_total_limit is not None:
-                newest_first = [p for p in reversed(sorted_checkpoints(output_dir)) if p != directory]
-                for old in newest_first[config.save_total_limit - 1 :]:
-                    shutil.rmtree(old)
+            if seal is not None:
+                seal(partial)
+            replace_directory(partial, directory)
 
-    if accelerator.is_main_process:
-        remove_partial_checkpoints(checkpoints)  # left by a save that was killed
-    accelerator.wait_for_everyone()
-    problem = written_by_all(accelerator, lambda: accelerator.save_state(str(partial)))
-    problem = problem or written_by_all(accelerator, finish)
-    if problem is not None:
-        if accelerator.is_main_process:
-            remove_partial_checkpoints(checkpoints)
-        raise not_saved(output_dir, directory, problem)
-
-
-def save_folder(accelerator: Accelerator, directory: Path, write: Callable[[Path], object]) -> None:
-    """Write a model folder (best/, final/) atomically: every rank calls `write(partial)` to write its part
-    into DIRECTORY.tmp, which then takes the place of `directory`; when a rank cannot write, the run stops
-    (TrainingStopped) and `directory` is as it was."""
-    partial = directory.with_name(f"{directory.name}.tmp")
     if accelerator.is_main_process:
         shutil.rmtree(partial, ignore_errors=True)  # left by a save that was killed
     accelerator.wait_for_everyone()
     problem = written_by_all(accelerator, lambda: write(partial))
-    problem = problem or written_by_all(
-        accelerator, lambda: accelerator.is_main_process and replace_directory(partial, directory)
-    )
+    problem = problem or written_by_all(accelerator, finish)
     if problem is not None:
         if accelerator.is_main_process:
             shutil.rmtree(partial, ignore_errors=True)
-        raise not_saved(directory.parent, directory, problem)
+        raise not_saved(output_dir, directory, problem)
 
 
 def save_model(accelerator: Accelerator, model: torch.nn.Module, directory: Path) -> None:
     unwrapped = accelerator.unwrap_model(model, keep_torch_compile=False)
     save_folder(
         accelerator,
+        directory.parent,
         directory,
         lambda partial: unwrapped.save_pretrained(
             partial, is_main_process=accelerator.is_main_process, save_function=accelerator.save

@@ -432,7 +432,7 @@ def finish(run: Run) -> None:
             if accelerator.is_main_process:
                 shutil.copytree(run.output_dir / "best", partial)
 
-        save_folder(accelerator, run.output_dir / "final", copy_best)
+        save_folder(accelerator, run.output_dir, run.output_dir / "final", copy_best)
         done += (
             f"best {config.metric_for_best_model} {state.best_metric:.4f} at step {state.best_step}: that "
         )
