@@ -6,30 +6,55 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 import torch
 from torch.utils.data import Dataset as TorchDataset
 from torch.utils.data import Sampler
 from transformers.trainer_pt_utils import get_length_grouped_indices
 
-from dpo_inv.data.dataset import PairDataset
+from dpo_inv.data.dataset import PairDataset, column
 from dpo_inv.structures.parse import ALPHABET
 
 
 class PreferenceDataset(TorchDataset):
-    """Map-style dataset of examples: one pair joined with its structure's features."""
+    """Map-style dataset of examples: one pair joined with its structure's features. A DataLoader reads
+    the examples of a batch together (`__getitems__`), from the memory-mapped Arrow tables."""
 
     def __init__(self, data: PairDataset) -> None:
         self.pairs = data.pairs.with_format("numpy")
         self.structures = data.structures.with_format("numpy")
-        self.lengths = np.asarray(data.structures["length"])[np.asarray(data.pairs["structure_id"])]
+        self.pair_rows = data.pairs.with_format("arrow")
+        self.structure_rows = data.structures.select_columns(list(BATCH_STRUCTURE_KEYS)).with_format("arrow")
+        self.lengths = column(data.structures, "length")[column(data.pairs, "structure_id")]
 
     def __len__(self) -> int:
         return len(self.pairs)
 
     def __getitem__(self, index: int) -> dict[str, Any]:
-        pair = self.pairs[int(index)]
-        structure = self.structures[int(pair["structure_id"])]
-        return {"index": int(index), **pair, **{k: structure[k] for k in BATCH_STRUCTURE_KEYS}}
+        return self.__getitems__([index])[0]
+
+    def __getitems__(self, indices: Sequence[int]) -> list[dict[str, Any]]:
+        pairs = _values(self.pair_rows[[int(i) for i in indices]])
+        structures = _values(self.structure_rows[[int(i) for i in pairs["structure_id"]]])
+        columns = {**pairs, **structures}
+        return [
+            {"index": int(index), **{name: values[row] for name, values in columns.items()}}
+            for row, index in enumerate(indices)
+        ]
+
+
+def _values(table: pa.Table) -> dict[str, Sequence[Any]]:
+    """Each column of `table` as one value per row, a list column's values as numpy views of its buffer."""
+    out = {}
+    for name in table.column_names:
+        column = table.column(name).combine_chunks()
+        if pa.types.is_list(column.type):
+            values, offsets = column.flatten().to_numpy(), column.offsets.to_numpy()
+            offsets = offsets - offsets[0]
+            out[name] = [values[start:end] for start, end in zip(offsets[:-1], offsets[1:], strict=True)]
+        else:
+            out[name] = column.to_numpy()
+    return out
 
 
 BATCH_STRUCTURE_KEYS = (
@@ -58,75 +83,72 @@ def collate(examples: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
     to the batch's most (at least one, masked); membrane labels are there when an example has them.
     """
     B, L = len(examples), max(len(e["mask"]) for e in examples)
-    batch = {
-        "X": torch.zeros(B, L, 4, 3),
-        "mask": torch.zeros(B, L),
-        "residue_idx": torch.full((B, L), -100, dtype=torch.long),
-        "chain_encoding": torch.zeros(B, L, dtype=torch.long),
-        "decode_mask": torch.zeros(B, L),
-        "loss_mask": torch.zeros(B, L),
-        "native": torch.full((B, L), ALPHABET.index("X"), dtype=torch.long),
-        "chosen": torch.full((B, L), ALPHABET.index("X"), dtype=torch.long),
-        "rejected": torch.full((B, L), ALPHABET.index("X"), dtype=torch.long),
-        "weight": torch.tensor([float(e["weight"]) for e in examples]),
-        "label": torch.tensor([int(e.get("label", 1)) for e in examples], dtype=torch.long),
-        "index": torch.tensor([e["index"] for e in examples], dtype=torch.long),
-        "length": torch.tensor([len(e["mask"]) for e in examples], dtype=torch.long),
+    unknown = ALPHABET.index("X")
+    batch = {  # filled as numpy arrays, then shared with torch
+        "X": np.zeros((B, L, 4, 3), np.float32),
+        "mask": np.zeros((B, L), np.float32),
+        "residue_idx": np.full((B, L), -100, np.int64),
+        "chain_encoding": np.zeros((B, L), np.int64),
+        "decode_mask": np.zeros((B, L), np.float32),
+        "loss_mask": np.zeros((B, L), np.float32),
+        "native": np.full((B, L), unknown, np.int64),
+        "chosen": np.full((B, L), unknown, np.int64),
+        "rejected": np.full((B, L), unknown, np.int64),
+        "weight": np.array([e["weight"] for e in examples], np.float32),
+        "label": np.array([e.get("label", 1) for e in examples], np.int64),
+        "index": np.array([e["index"] for e in examples], np.int64),
+        "length": np.array([len(e["mask"]) for e in examples], np.int64),
     }
     for name in REFERENCE_COLUMNS:
         if name in examples[0]:
-            batch[name] = torch.tensor([float(e[name]) for e in examples])
+            batch[name] = np.array([e[name] for e in examples], np.float32)
     if all(len(e.get("chosen_scores", ())) for e in examples):
         for name in ("chosen_scores", "rejected_scores"):
-            batch[name] = torch.zeros(B, L)
+            batch[name] = np.zeros((B, L), np.float32)
             for i, e in enumerate(examples):
-                batch[name][i, : len(e[name])] = torch.from_numpy(np.asarray(e[name], dtype=np.float32))
+                batch[name][i, : len(e[name])] = e[name]
     if any("context_element" in e for e in examples):
         _collate_context(batch, examples)
     if any(len(e.get("membrane_labels", ())) for e in examples):
-        batch["membrane_labels"] = torch.zeros(B, L, dtype=torch.long)
+        batch["membrane_labels"] = np.zeros((B, L), np.int64)
         for i, e in enumerate(examples):
-            labels = np.asarray(e.get("membrane_labels", ()), dtype=np.int64)
-            batch["membrane_labels"][i, : len(labels)] = torch.from_numpy(labels)
+            batch["membrane_labels"][i, : len(e.get("membrane_labels", ()))] = e.get("membrane_labels", ())
     for i, e in enumerate(examples):
         n, d = len(e["mask"]), len(e["chosen"])
-        mask = torch.from_numpy(np.asarray(e["mask"], dtype=np.float32))
-        native = torch.from_numpy(np.asarray(e["native"], dtype=np.int64))
-        mutable = torch.from_numpy(np.asarray(e["mutable"], dtype=np.float32))
-        batch["X"][i, :n] = torch.from_numpy(np.asarray(e["X"], dtype=np.float32).reshape(n, 4, 3))
-        batch["mask"][i, :n] = mask
-        batch["residue_idx"][i, :n] = torch.from_numpy(np.asarray(e["residue_idx"], dtype=np.int64))
-        batch["chain_encoding"][i, :n] = torch.from_numpy(np.asarray(e["chain_encoding"], dtype=np.int64))
-        batch["decode_mask"][i, :d] = mutable
-        batch["loss_mask"][i, :d] = mutable * mask[:d]
-        batch["native"][i, :n] = native
+        batch["X"][i, :n] = np.reshape(e["X"], (n, 4, 3))
+        batch["mask"][i, :n] = e["mask"]
+        batch["residue_idx"][i, :n] = e["residue_idx"]
+        batch["chain_encoding"][i, :n] = e["chain_encoding"]
+        batch["decode_mask"][i, :d] = e["mutable"]
+        batch["loss_mask"][i, :d] = batch["decode_mask"][i, :d] * batch["mask"][i, :d]
+        batch["native"][i, :n] = e["native"]
         for name in ("chosen", "rejected"):
-            batch[name][i, :n] = native
-            batch[name][i, :d] = torch.from_numpy(np.asarray(e[name], dtype=np.int64))
-    return batch
+            batch[name][i, :n] = e["native"]
+            batch[name][i, :d] = e[name]
+    return {name: torch.from_numpy(values) for name, values in batch.items()}
 
 
-def _collate_context(batch: dict[str, torch.Tensor], examples: list[dict[str, Any]]) -> None:
+def _collate_context(batch: dict[str, np.ndarray], examples: list[dict[str, Any]]) -> None:
     B, A = len(examples), max(1, *(len(e.get("context_element", ())) for e in examples))
-    batch["context_xyz"] = torch.zeros(B, A, 3)
-    batch["context_element"] = torch.zeros(B, A, dtype=torch.long)
-    batch["context_mask"] = torch.zeros(B, A)
+    batch["context_xyz"] = np.zeros((B, A, 3), np.float32)
+    batch["context_element"] = np.zeros((B, A), np.int64)
+    batch["context_mask"] = np.zeros((B, A), np.float32)
     for i, e in enumerate(examples):
-        element = np.asarray(e.get("context_element", ()), dtype=np.int64)
-        a = len(element)
-        batch["context_xyz"][i, :a] = torch.from_numpy(np.asarray(e["context_xyz"], np.float32).reshape(a, 3))
-        batch["context_element"][i, :a] = torch.from_numpy(element)
+        a = len(e.get("context_element", ()))
+        batch["context_xyz"][i, :a] = np.reshape(e["context_xyz"], (a, 3))
+        batch["context_element"][i, :a] = e.get("context_element", ())
         batch["context_mask"][i, :a] = 1.0
 
 
 class LengthGroupedSampler(Sampler[int]):
     """Shuffled indices where consecutive `batch_size` chunks have similar lengths (less padding).
 
-    Reproducible per (seed, epoch): call `set_epoch` before each epoch.
+    Reproducible per (seed, epoch): call `set_epoch` before each epoch. Lengths and order are held as numpy
+    arrays, not as a Python object per example.
     """
 
     def __init__(self, lengths: Sequence[int], batch_size: int, seed: int) -> None:
-        self.lengths = list(lengths)
+        self.lengths = np.asarray(lengths)
         self.batch_size = batch_size
         self.seed = seed
         self.epoch = 0
@@ -139,4 +161,5 @@ class LengthGroupedSampler(Sampler[int]):
 
     def __iter__(self) -> Iterator[int]:
         generator = torch.Generator().manual_seed(self.seed + self.epoch)
-        return iter(get_length_grouped_indices(self.lengths, self.batch_size, generator=generator))
+        order = get_length_grouped_indices(self.lengths, self.batch_size, generator=generator)
+        return iter(np.asarray(order))

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import json
 import math
 import os
+import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,8 +16,10 @@ from typing import Any
 
 import datasets
 import numpy as np
+import pyarrow as pa
+from datasets.table import InMemoryTable
 
-from dpo_inv.data.featurized import FEATURES_VERSION, build_structures
+from dpo_inv.data.featurized import FEATURES_VERSION, build_structures, cache_root, is_current
 from dpo_inv.data.records import (
     BadRecord,
     Data,
@@ -27,7 +31,7 @@ from dpo_inv.data.records import (
     raise_bad_records,
     records_folder,
 )
-from dpo_inv.data.saved import load_cached, load_saved, save_atomically
+from dpo_inv.data.saved import load_cached, load_saved, save_atomically, saved_made_of
 from dpo_inv.structures.membrane import membrane_labels
 from dpo_inv.structures.parse import (
     ALPHABET,
@@ -38,6 +42,7 @@ from dpo_inv.structures.parse import (
     tokenize,
 )
 
+STRUCTURE_FIELDS = ("pdb_file", "chain_id", "design_chains", "fixed_chains")  # name a record's structure
 ALIASES = {
     "structure": "pdb_file",
     "chosen": "preferred_seq",
@@ -59,6 +64,12 @@ class PairDataset:
     source: str
     skipped: tuple[BadRecord, ...] = ()
     files: tuple[str, str] | None = None
+
+
+def column(table: datasets.Dataset, name: str) -> np.ndarray:
+    """A numeric column as one numpy array, read from Arrow at once (`table[name]` makes a Python object of
+    each value)."""
+    return table.with_format("arrow")[name].to_numpy()
 
 
 def structure_key(
@@ -284,23 +295,41 @@ def load_pairs(
     """
     if on_bad_record not in ON_BAD_RECORD:
         raise ValueError(f"on_bad_record must be one of {ON_BAD_RECORD}, got {on_bad_record!r}")
-    records = load_records(data, name)
+    records = None if is_file(data) and Path(data).is_file() else load_records(data, name)
     source = data_name(data, name)
     root = records_folder(data)
-    root_name = "the data file's folder" if is_file(data) else "the working directory"
     allowed = [Path(folder).resolve() for folder in structure_roots]
+    # validated once: cached under a name that changes with the data and the options
+    digest = hashlib.sha256(
+        json.dumps(
+            [FEATURES_VERSION, dataclasses.astuple(options), *data_digest(data, records), str(root), fields,
+             [str(a) for a in allowed], on_bad_record, require_residue_scores]
+        ).encode()
+    ).hexdigest()[:20]  # fmt: skip
+    pairs_dir = cache_root(cache_dir) / f"pairs-{digest}"
+    cached = _validated_before(pairs_dir, source, options)
+    if cached is not None:
+        return cached
+    records = records or load_records(data, name)
+    root_name = "the data file's folder" if is_file(data) else "the working directory"
     bad: dict[int, BadRecord] = {}
     keys: dict[tuple[str, tuple[str, ...], tuple[str, ...]], int] = {}
+    found: dict[tuple[str, ...], tuple | str] = {}  # each structure reference checked once: key or error
     usable: list[tuple[int, dict, int]] = []  # (record number, normalised record, structure id)
     for number, record in enumerate(records):
         if record.data is None:
             bad[number] = BadRecord(record.location, record.error)
             continue
         data = normalise(record.data)
-        try:
-            key = structure_key(data, root, allowed, root_name)
-        except ValueError as err:
-            bad[number] = BadRecord(record.location, str(err), record.data)
+        reference = tuple(repr(data.get(field)) for field in STRUCTURE_FIELDS)
+        if reference not in found:
+            try:
+                found[reference] = structure_key(data, root, allowed, root_name)
+            except ValueError as err:
+                found[reference] = str(err)
+        key = found[reference]
+        if isinstance(key, str):
+            bad[number] = BadRecord(record.location, key, record.data)
             continue
         usable.append((number, data, keys.setdefault(key, len(keys))))
 
@@ -339,26 +368,32 @@ def load_pairs(
         raise_bad_records(
             [*map(str, skipped), f"{source}: no usable record among {len(records)}; fix the records above"]
         )
-
-    # saved beside the structures, under a name that changes with the data and the options
-    digest = hashlib.sha256(
-        json.dumps(
-            [FEATURES_VERSION, structures_dir.name, *data_digest(data, records), str(root), fields,
-             [str(a) for a in allowed], on_bad_record, require_residue_scores]
-        ).encode()
-    ).hexdigest()[:20]  # fmt: skip
-    pairs_dir = structures_dir.parent / f"pairs-{digest}"
-    pairs = load_cached(pairs_dir)
-    if pairs is None:
-        save_atomically(datasets.Dataset.from_dict(columns, features=PAIR_FEATURES), pairs_dir)
-        pairs = load_saved(pairs_dir)
+    # built column by column: Arrow converts a whole column at once
+    table = datasets.Dataset(InMemoryTable(pa.Table.from_pydict(columns, schema=PAIR_FEATURES.arrow_schema)))
+    made_of = {"structures": structures_dir.name, "skipped": [dataclasses.asdict(b) for b in skipped]}
+    shutil.rmtree(pairs_dir, ignore_errors=True)  # validated against structures changed since
+    save_atomically(table, pairs_dir, json.loads(json.dumps(made_of, default=str)))
     return PairDataset(
-        pairs=pairs,
+        pairs=load_saved(pairs_dir),
         structures=structures,
         source=source,
         skipped=skipped,
         files=(str(pairs_dir), str(structures_dir)),
     )
+
+
+def _validated_before(pairs_dir: Path, source: str, options: ParseOptions) -> PairDataset | None:
+    """The pairs cached in `pairs_dir`, unless the structures they were validated against have changed."""
+    pairs = load_cached(pairs_dir)
+    if pairs is None:
+        return None
+    made_of = saved_made_of(pairs_dir)
+    structures_dir = pairs_dir.parent / made_of["structures"]
+    structures = load_cached(structures_dir)
+    if structures is None or not is_current(structures, structures_dir, options):
+        return None
+    skipped = tuple(BadRecord(**record) for record in made_of["skipped"])
+    return PairDataset(pairs, structures, source, skipped, (str(pairs_dir), str(structures_dir)))
 
 
 def load_saved_pairs(files: tuple[str, str], source: str) -> PairDataset:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -24,8 +25,9 @@ from dpo_inv.structures.parse import (
     read_model,
 )
 
-PARSE_CHUNK = 512  # structures parsed between two progress updates
-FEATURES_VERSION = "4"  # bump when the stored structure features change
+PARSE_CHUNK = 512  # structures parsed by each process between two progress updates
+MIN_STRUCTURES_PER_PROCESS = 64  # fewer are parsed in one process: starting others would cost more
+FEATURES_VERSION = "5"  # bump when the stored features change
 
 
 def _featurize_structure(row: dict, options: ParseOptions) -> dict:
@@ -90,7 +92,10 @@ STRUCTURE_FEATURES = datasets.Features(
 )
 
 
-def _fingerprint(keys: Sequence[tuple[str, tuple[str, ...], tuple[str, ...]]], options: ParseOptions) -> str:
+Keys = Sequence[tuple[str, Sequence[str], Sequence[str]]]  # (structure file, designed chains, fixed chains)
+
+
+def _fingerprint(keys: Keys, options: ParseOptions) -> str:
     """Hash of the structure keys, the parse options and each file's size and modification time: a changed
     file invalidates."""
     digest = hashlib.sha256(json.dumps([FEATURES_VERSION, dataclasses.astuple(options)]).encode())
@@ -106,20 +111,39 @@ def context_counts(structures: datasets.Dataset) -> dict[str, int]:
     return {Path(path).name: count for path, count in zip(paths, counts, strict=True)}
 
 
-def default_cache_dir() -> Path:
-    return Path(datasets.config.HF_DATASETS_CACHE) / "dpo_inv"
+def cache_root(cache_dir: str | Path | None) -> Path:
+    """The folder of the cached tables: `cache_dir`, else dpo_inv/ in the `datasets` cache."""
+    return Path(cache_dir) if cache_dir else Path(datasets.config.HF_DATASETS_CACHE) / "dpo_inv"
+
+
+def is_current(structures: datasets.Dataset, folder: Path, options: ParseOptions) -> bool:
+    """Whether the cached table `structures` (saved in `folder`) still holds what its structure files,
+    read with `options`, give: none of them changed or missing since."""
+    keys = zip(structures["path"], structures["design_chains"], structures["fixed_chains"], strict=True)
+    try:
+        return folder.name == f"structures-{_fingerprint(list(keys), options)}"
+    except OSError:
+        return False
+
+
+def parse_processes(num_proc: int | None, num_structures: int) -> int:
+    """How many processes parse `num_structures`: `num_proc`, by default one per CPU this process may use,
+    each given at least MIN_STRUCTURES_PER_PROCESS."""
+    if num_proc is None:
+        num_proc = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, min(num_proc, num_structures // MIN_STRUCTURES_PER_PROCESS))
 
 
 def build_structures(
-    keys: Sequence[tuple[str, tuple[str, ...], tuple[str, ...]]],
+    keys: Keys,
     cache_dir: str | Path | None = None,
     num_proc: int | None = None,
     options: ParseOptions = PROTEINMPNN_PARSE,
 ) -> tuple[datasets.Dataset, Path, bool]:
-    """Features of each structure key, parsed once and cached as Arrow; returns (table, its folder,
-    loaded_from_cache). A structure that cannot be used is kept as a row with its `error`."""
-    cache_root = Path(cache_dir) if cache_dir else default_cache_dir()
-    target = cache_root / f"structures-{_fingerprint(keys, options)}"
+    """Features of each structure key, parsed once (in `parse_processes` processes) and cached as Arrow;
+    returns (table, its folder, loaded_from_cache). A structure that cannot be used is kept as a row with
+    its `error`."""
+    target = cache_root(cache_dir) / f"structures-{_fingerprint(keys, options)}"
     cached = load_cached(target)
     if cached is not None:
         return cached, target, True
@@ -131,17 +155,18 @@ def build_structures(
     table = datasets.Dataset.from_dict(
         keys_table, features=datasets.Features({name: STRUCTURE_FEATURES[name] for name in keys_table})
     )
-    parts = []
+    parts, processes = [], parse_processes(num_proc, len(keys))
+    chunk_size = PARSE_CHUNK * processes
     with quiet_datasets(), progress(total=len(keys), desc="Parsing structures", unit="structure",
-                                    disable=len(keys) <= PARSE_CHUNK) as bar:  # fmt: skip
-        for start in range(0, len(keys), PARSE_CHUNK):
-            chunk = table.select(range(start, min(start + PARSE_CHUNK, len(keys))))
+                                    disable=len(keys) <= chunk_size) as bar:  # fmt: skip
+        for start in range(0, len(keys), chunk_size):
+            chunk = table.select(range(start, min(start + chunk_size, len(keys))))
             parts.append(
                 chunk.map(
                     _featurize_structure,
                     fn_kwargs={"options": options},
                     features=STRUCTURE_FEATURES,
-                    num_proc=num_proc if num_proc and num_proc > 1 and len(chunk) > 1 else None,
+                    num_proc=min(processes, len(chunk)) if processes > 1 else None,
                     keep_in_memory=True,
                 )
             )

@@ -13,7 +13,7 @@ import datasets
 
 from dpo_inv.data.progress import quiet_datasets
 
-TABLE_FILES = "dpo_inv_files.json"  # the sizes of a saved table's files, and its number of rows
+TABLE_FILES = "dpo_inv_files.json"  # a saved table's files' sizes, its number of rows, what it was made of
 
 
 def file_sizes(directory: Path) -> dict[str, int]:
@@ -32,14 +32,15 @@ def size_problem(directory: Path, sizes: dict[str, int]) -> str | None:
     return None
 
 
-def save_atomically(table: datasets.Dataset, target: Path) -> None:
-    """Save to `target` through a temporary folder, the files' sizes written last; a concurrent run that
-    saved it first wins."""
+def save_atomically(table: datasets.Dataset, target: Path, made_of: dict | None = None) -> None:
+    """Save to `target` through a temporary folder, the files' sizes (and `made_of`, see `saved_made_of`)
+    written last; a concurrent run that saved it first wins."""
     tmp = target.with_name(f"{target.name}.{os.getpid()}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     with quiet_datasets():
         table.save_to_disk(str(tmp))
-    (tmp / TABLE_FILES).write_text(json.dumps({"num_rows": table.num_rows, "files": file_sizes(tmp)}))
+    record = {"num_rows": table.num_rows, "files": file_sizes(tmp), "made_of": made_of or {}}
+    (tmp / TABLE_FILES).write_text(json.dumps(record))
     try:
         tmp.rename(target)
     except OSError:
@@ -68,6 +69,11 @@ def load_saved(target: Path) -> datasets.Dataset:
                 return table
             problem = f"{table.num_rows} rows, {num_rows} when saved"
     raise ValueError(f"the cached table {target} is damaged: {problem}")
+
+
+def saved_made_of(target: Path) -> dict:
+    """What the table saved at `target` was made of, as given to `save_atomically`."""
+    return json.loads((target / TABLE_FILES).read_text()).get("made_of", {})
 
 
 def load_cached(target: Path) -> datasets.Dataset | None:

@@ -23,7 +23,7 @@ from accelerate import Accelerator
 from accelerate.utils import gather_object
 
 from dpo_inv.data.batches import PreferenceDataset, collate, structure_inputs
-from dpo_inv.data.dataset import PairDataset
+from dpo_inv.data.dataset import PairDataset, column
 from dpo_inv.data.records import Data, load_records, raise_bad_records
 from dpo_inv.models.layers import DecoderStates, Encoding
 from dpo_inv.models.mpnn import ProteinMPNN, decoding_ranks, derive_seed
@@ -255,7 +255,7 @@ def evaluate_variants(
     table = spearman_by_structure(
         np.array([deltas[i] for i in indices]),
         np.asarray(labels, dtype=np.float64)[indices],
-        np.asarray(variants.pairs["structure_id"])[indices],
+        column(variants.pairs, "structure_id")[indices],
     )
     mean, median = mean_and_median(table)
     return {"eval_spearman": mean, "eval_spearman_median": median}

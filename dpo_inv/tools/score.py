@@ -14,7 +14,7 @@ import torch
 from torch.utils.data import DataLoader, Subset
 
 from dpo_inv.data.batches import PreferenceDataset, collate
-from dpo_inv.data.dataset import PAIR_FIELDS, SEQUENCE_FIELDS, load_pairs, normalise
+from dpo_inv.data.dataset import PAIR_FIELDS, SEQUENCE_FIELDS, column, load_pairs, normalise
 from dpo_inv.data.featurized import context_counts
 from dpo_inv.data.records import (
     Data,
@@ -169,7 +169,7 @@ def score_sequences(
         return summary, []
     values = np.array([rows[i][key] for i in labelled], dtype=np.float64)
     labels = np.array([rows[i]["label"] for i in labelled], dtype=np.float64)
-    structure_ids = np.asarray(dataset.pairs["structure_id"])[labelled]
+    structure_ids = column(dataset.pairs, "structure_id")[labelled]
     table = spearman_by_structure(values, labels, structure_ids)
     mean, median = mean_and_median(table)
     for entry in table:

@@ -122,7 +122,10 @@ class DPOConfig:
             "out, listing each with its reason in output_dir/skipped.jsonl."
         ),
     )
-    dataset_num_proc: int | None = field(default=None, **field_help("Processes for parsing structures."))
+    dataset_num_proc: int | None = field(
+        default=None,
+        **field_help("Processes parsing structures; default: one per usable CPU, 64+ structures each."),
+    )
     dataloader_num_workers: int = field(default=0, **field_help("DataLoader worker processes per rank."))
     # DPO
     beta: float = field(

@@ -11,7 +11,7 @@ from accelerate import Accelerator
 from torch.utils.data import DataLoader
 
 from dpo_inv.data.batches import PreferenceDataset, collate
-from dpo_inv.data.dataset import PairDataset
+from dpo_inv.data.dataset import PairDataset, column
 from dpo_inv.models.mpnn import ProteinMPNN
 from dpo_inv.models.sampling import sample_sequences
 from dpo_inv.models.variants import LabelledVariants, evaluate_variants
@@ -67,7 +67,7 @@ def evaluate(accelerator, config, model, reference, loader, structures) -> dict[
 
 def eval_structures(accelerator: Accelerator, data: PairDataset) -> list[dict]:
     """One example per distinct eval structure, this rank's share."""
-    _, first = np.unique(np.asarray(data.pairs["structure_id"]), return_index=True)
+    _, first = np.unique(column(data.pairs, "structure_id"), return_index=True)
     dataset = PreferenceDataset(data)
     return [dataset[int(i)] for i in sorted(first)[accelerator.process_index :: accelerator.num_processes]]
 

@@ -19,6 +19,7 @@ from dpo_inv.data.dataset import (
     PAIR_FIELDS,
     SEQUENCE_FIELDS,
     PairDataset,
+    column,
     load_pairs,
     load_saved_pairs,
 )
@@ -46,7 +47,7 @@ class RunData:
 
 def split_by_structure(data: PairDataset, fraction: float, seed: int) -> tuple[PairDataset, PairDataset]:
     """Hold out a seeded fraction of the structures with all their pairs (no structure in both splits)."""
-    structure_ids = np.asarray(data.pairs["structure_id"])
+    structure_ids = column(data.pairs, "structure_id")
     unique = np.unique(structure_ids)
     num_eval = max(1, round(fraction * len(unique)))
     if num_eval >= len(unique):

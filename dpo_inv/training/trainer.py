@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import datasets
+import numpy as np
 import torch
 import yaml
 from accelerate import Accelerator
@@ -25,6 +26,7 @@ from tqdm.auto import tqdm
 from transformers import get_scheduler
 
 from dpo_inv.data.batches import LengthGroupedSampler, PreferenceDataset, collate
+from dpo_inv.data.dataset import column
 from dpo_inv.data.progress import progress
 from dpo_inv.data.records import Data, is_file
 from dpo_inv.models.mpnn import ProteinMPNN
@@ -285,9 +287,9 @@ def data_notes(config: DPOConfig, data: RunData, steps: Steps) -> list[str]:
             "data"
         )
     split = data.eval is not None and data.eval.source == data.train.source  # eval_split held out of train
-    structures = len(set(data.train.pairs["structure_id"])) if split else None
+    structures = len(np.unique(column(data.train.pairs, "structure_id"))) if split else None
     if structures is not None and structures < FEW_STRUCTURES:
-        held_out = len(set(data.eval.pairs["structure_id"]))
+        held_out = len(np.unique(column(data.eval.pairs, "structure_id")))
         notes.append(
             f"eval_split={config.eval_split} held out {held_out} of {held_out + structures} structures "
             f"({len(data.eval.pairs)} {unit}), leaving {structures} to train on; give an eval_file, or "
