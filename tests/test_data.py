@@ -12,9 +12,9 @@ import torch
 from conftest import SHARED_DATA, STRUCTURES
 
 import dpo_inv.data.featurized as featurized
-from dpo_inv.data.batches import LengthGroupedSampler, PreferenceDataset, collate
-from dpo_inv.data.dataset import load_pairs
-from dpo_inv.data.featurized import build_structures
+from dpo_inv.data.batches import BATCH_STRUCTURE_KEYS, LengthGroupedSampler, PreferenceDataset, collate
+from dpo_inv.data.dataset import PairDataset, load_pairs
+from dpo_inv.data.featurized import MIN_STRUCTURES_PER_PROCESS, build_structures, parse_processes
 from dpo_inv.data.records import DataError
 from dpo_inv.structures.parse import ALPHABET
 
@@ -71,6 +71,54 @@ def test_cache_is_reused_and_invalidated_by_a_changed_file(tmp_path, cache_dir, 
     os.utime(structure, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
     _, changed_folder, cached = build_structures(keys, cache_dir)
     assert not cached and len(parse_count) == 2 and changed_folder != folder
+
+
+def test_a_cached_start_reads_no_record_and_sees_a_changed_structure(tmp_path, monkeypatch):
+    """The second load takes the validated pairs (and the records skipped) from the cache without reading
+    the data file's records; a structure file changed since sends the records through validation again."""
+    rows = absolute(records())
+    structure = tmp_path / "copy.pdb.gz"
+    shutil.copy(rows[0]["pdb_file"], structure)
+    original = rows[0]["pdb_file"]
+    rows = [{**r, "pdb_file": str(structure)} if r["pdb_file"] == original else r for r in rows]
+    on_copy = sum(r["pdb_file"] == str(structure) for r in rows)
+    rows.append({**rows[0], "preferred_seq": "A"})  # of the wrong length: skipped
+    data = write_jsonl(tmp_path / "pairs.jsonl", rows)
+    first = load_pairs(data, cache_dir=tmp_path / "cache", on_bad_record="skip")
+    assert len(first.pairs) == len(rows) - 1 and len(first.skipped) == 1
+
+    def unread(*args, **kwargs):
+        raise AssertionError("the records were read")
+
+    with monkeypatch.context() as patch:
+        patch.setattr("dpo_inv.data.dataset.load_records", unread)
+        cached = load_pairs(data, cache_dir=tmp_path / "cache", on_bad_record="skip")
+    assert cached.files == first.files and cached.skipped == first.skipped
+    assert cached.pairs.to_dict() == first.pairs.to_dict()
+
+    shutil.copy(STRUCTURES / "2xcjA.pdb.gz", structure)  # another protein under the same name
+    changed = load_pairs(data, cache_dir=tmp_path / "cache", on_bad_record="skip")
+    assert len(changed.pairs) == len(rows) - 1 - on_copy and len(changed.skipped) == 1 + on_copy
+    assert all(str(structure) in b.reason for b in changed.skipped[1:])
+
+
+def test_structures_parse_in_parallel_as_in_one_process(tmp_path):
+    """By default one process per usable CPU parses, each with at least MIN_STRUCTURES_PER_PROCESS
+    structures; the table is the one a single process makes."""
+    count = 2 * MIN_STRUCTURES_PER_PROCESS
+    sources = ["2xcjA.pdb.gz", "1bvyF.pdb.gz", "1BD2.pdb.gz"]
+    keys = []
+    for i in range(count):
+        link = tmp_path / f"{i:03d}_{sources[i % 3]}"
+        os.link(STRUCTURES / sources[i % 3], link)
+        keys.append((str(link), (), ()))
+    cpus = len(os.sched_getaffinity(0))
+    assert parse_processes(None, count) == min(2, cpus) and parse_processes(None, count - 1) == 1
+    assert parse_processes(1, count) == 1
+    one, _, _ = build_structures(keys, tmp_path / "one", num_proc=1)
+    default, _, _ = build_structures(keys, tmp_path / "default")
+    assert default.to_dict() == one.to_dict()
+    assert len({length for length in one["length"]}) == 3
 
 
 @pytest.mark.parametrize("damage", ["truncated", "shorter", "missing_sizes", "half_written"])
@@ -172,6 +220,23 @@ def test_collate_pads_and_masks(cache_dir):
         batch["chosen"][short, : lengths[short]], torch.as_tensor(examples[short]["chosen"]).long()
     )
     assert torch.equal(batch["loss_mask"], batch["mask"])  # single designed chains, all mutable, all observed
+
+
+def test_a_batch_read_at_once_holds_the_rows(cache_dir):
+    """`__getitems__` (what a DataLoader calls) gives each pair's row and its structure's, through a
+    selection of the pairs too (as an eval split makes)."""
+    data = load_pairs(TRAIN, cache_dir=cache_dir)
+    chosen = [140, 3, 77, 12, 12]
+    selected = PairDataset(data.pairs.select(chosen), data.structures, data.source)
+    pairs, structures = data.pairs.with_format("numpy"), data.structures.with_format("numpy")
+    examples = PreferenceDataset(selected).__getitems__([4, 0, 2])
+    assert [e["index"] for e in examples] == [4, 0, 2]
+    for example, row in zip(examples, [12, 140, 77], strict=True):
+        expected = {**structures[int(pairs[row]["structure_id"])], **pairs[row]}
+        for name, value in example.items():
+            if name != "index":
+                np.testing.assert_array_equal(value, expected[name], err_msg=name)
+    assert set(examples[0]) == {"index", *pairs.column_names, *BATCH_STRUCTURE_KEYS}
 
 
 def test_length_grouped_sampler_reduces_padding_and_is_reproducible(cache_dir):

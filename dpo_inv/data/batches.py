@@ -44,16 +44,17 @@ class PreferenceDataset(TorchDataset):
 
 
 def _values(table: pa.Table) -> dict[str, Sequence[Any]]:
-    """Each column of `table` as one value per row, a list column's values as numpy views of its buffer."""
+    """Each column of `table` as one value per row, the rows of a list column as views of one copy of it."""
     out = {}
     for name in table.column_names:
         column = table.column(name).combine_chunks()
         if pa.types.is_list(column.type):
-            values, offsets = column.flatten().to_numpy(), column.offsets.to_numpy()
+            values = column.flatten().to_numpy(zero_copy_only=False, writable=True)
+            offsets = column.offsets.to_numpy()
             offsets = offsets - offsets[0]
             out[name] = [values[start:end] for start, end in zip(offsets[:-1], offsets[1:], strict=True)]
         else:
-            out[name] = column.to_numpy()
+            out[name] = column.to_numpy(zero_copy_only=False, writable=True)
     return out
 
 

@@ -371,7 +371,6 @@ def load_pairs(
     # built column by column: Arrow converts a whole column at once
     table = datasets.Dataset(InMemoryTable(pa.Table.from_pydict(columns, schema=PAIR_FEATURES.arrow_schema)))
     made_of = {"structures": structures_dir.name, "skipped": [dataclasses.asdict(b) for b in skipped]}
-    shutil.rmtree(pairs_dir, ignore_errors=True)  # validated against structures changed since
     save_atomically(table, pairs_dir, json.loads(json.dumps(made_of, default=str)))
     return PairDataset(
         pairs=load_saved(pairs_dir),
@@ -383,7 +382,8 @@ def load_pairs(
 
 
 def _validated_before(pairs_dir: Path, source: str, options: ParseOptions) -> PairDataset | None:
-    """The pairs cached in `pairs_dir`, unless the structures they were validated against have changed."""
+    """The pairs cached in `pairs_dir`; None, the table removed, when the structures they were validated
+    against have changed since."""
     pairs = load_cached(pairs_dir)
     if pairs is None:
         return None
@@ -391,6 +391,7 @@ def _validated_before(pairs_dir: Path, source: str, options: ParseOptions) -> Pa
     structures_dir = pairs_dir.parent / made_of["structures"]
     structures = load_cached(structures_dir)
     if structures is None or not is_current(structures, structures_dir, options):
+        shutil.rmtree(pairs_dir)
         return None
     skipped = tuple(BadRecord(**record) for record in made_of["skipped"])
     return PairDataset(pairs, structures, source, skipped, (str(pairs_dir), str(structures_dir)))
