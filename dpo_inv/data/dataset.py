@@ -67,9 +67,11 @@ class PairDataset:
 
 
 def column(table: datasets.Dataset, name: str) -> np.ndarray:
-    """A numeric column as one numpy array, read from Arrow at once (`table[name]` makes a Python object of
-    each value)."""
-    return table.with_format("arrow")[name].to_numpy()
+    """A numeric column as one numpy array, that column alone read from Arrow at once (`table[name]` makes a
+    Python object of each value, and on a selection of rows reads every column into memory)."""
+    values = table.data.column(name).to_numpy()
+    selection = table._indices  # the rows `Dataset.select` kept, None for the whole table
+    return values if selection is None else values[selection.column(0).to_numpy()]
 
 
 def structure_key(
@@ -177,6 +179,7 @@ def _check_sequence(name: str, seq: Any, expected: int, pdb: str, chains: tuple[
     return tokenize(seq)
 
 
+ARROW_BATCH = 65_536  # validated rows converted to Arrow at once
 PAIR_FIELDS = ("preferred_seq", "unpreferred_seq")
 SEQUENCE_FIELDS = ("sequence", "wildtype_seq")  # a sequences file; wildtype_seq is optional
 LABEL_FIELDS = ("sequence", "label")  # labelled sequences (KTO): label true = desirable
@@ -315,7 +318,7 @@ def load_pairs(
     bad: dict[int, BadRecord] = {}
     keys: dict[tuple[str, tuple[str, ...], tuple[str, ...]], int] = {}
     found: dict[tuple[str, ...], tuple | str] = {}  # each structure reference checked once: key or error
-    usable: list[tuple[int, dict, int]] = []  # (record number, normalised record, structure id)
+    usable: list[tuple[int, int]] = []  # (record number, structure id)
     for number, record in enumerate(records):
         if record.data is None:
             bad[number] = BadRecord(record.location, record.error)
@@ -331,7 +334,7 @@ def load_pairs(
         if isinstance(key, str):
             bad[number] = BadRecord(record.location, key, record.data)
             continue
-        usable.append((number, data, keys.setdefault(key, len(keys))))
+        usable.append((number, keys.setdefault(key, len(keys))))
 
     structures, structures_dir = None, None
     if keys:
@@ -342,8 +345,9 @@ def load_pairs(
         }
         paths = [key[0] for key in keys]
     columns: dict[str, list] = {name: [] for name in PAIR_FEATURES}
-    for number, data, sid in usable:
-        location = records[number].location
+    batches: list[pa.RecordBatch] = []  # the rows so far, ARROW_BATCH at a time: compact, not a list per row
+    for number, sid in usable:
+        location, data = records[number].location, normalise(records[number].data)
         if read["error"][sid]:
             bad[number] = BadRecord(location, read["error"][sid], records[number].data)
             continue
@@ -361,15 +365,18 @@ def load_pairs(
             continue
         for name, value in {"structure_id": sid, **row}.items():
             columns[name].append(value)
+        if len(columns["structure_id"]) == ARROW_BATCH:
+            batches.append(pa.RecordBatch.from_pydict(columns, schema=PAIR_FEATURES.arrow_schema))
+            columns = {name: [] for name in PAIR_FEATURES}
+    batches.append(pa.RecordBatch.from_pydict(columns, schema=PAIR_FEATURES.arrow_schema))
     skipped = tuple(bad[number] for number in sorted(bad))
     if skipped and on_bad_record == "fail":
         raise_bad_records([str(b) for b in skipped])
-    if not columns["structure_id"]:
+    table = datasets.Dataset(InMemoryTable(pa.Table.from_batches(batches)))
+    if not table.num_rows:
         raise_bad_records(
             [*map(str, skipped), f"{source}: no usable record among {len(records)}; fix the records above"]
         )
-    # built column by column: Arrow converts a whole column at once
-    table = datasets.Dataset(InMemoryTable(pa.Table.from_pydict(columns, schema=PAIR_FEATURES.arrow_schema)))
     made_of = {"structures": structures_dir.name, "skipped": [dataclasses.asdict(b) for b in skipped]}
     save_atomically(table, pairs_dir, json.loads(json.dumps(made_of, default=str)))
     return PairDataset(
