@@ -151,7 +151,9 @@ def scale(args: argparse.Namespace) -> None:
                        str(cache_dir), "--work_dir", str(args.work_dir)]  # fmt: skip
             if args.dataset_num_proc is not None:
                 command += ["--dataset_num_proc", str(args.dataset_num_proc)]
-            result = subprocess.run(command, check=True, capture_output=True, text=True)
+            result = subprocess.run(command, capture_output=True, text=True)
+            if result.returncode:
+                sys.exit(f"{' '.join(command)} failed:\n{result.stderr[-3000:]}")
             report = json.loads(result.stdout.strip().splitlines()[-1])
             tables = {p.name.split("-")[0]: round(folder_mb(p)) for p in cache_dir.iterdir() if p.is_dir()}
             print(json.dumps({
