@@ -113,7 +113,8 @@ def collate(examples: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
     if any(len(e.get("membrane_labels", ())) for e in examples):
         batch["membrane_labels"] = np.zeros((B, L), np.int64)
         for i, e in enumerate(examples):
-            batch["membrane_labels"][i, : len(e.get("membrane_labels", ()))] = e.get("membrane_labels", ())
+            labels = e.get("membrane_labels", ())
+            batch["membrane_labels"][i, : len(labels)] = labels
     for i, e in enumerate(examples):
         n, d = len(e["mask"]), len(e["chosen"])
         batch["X"][i, :n] = np.reshape(e["X"], (n, 4, 3))
@@ -135,9 +136,10 @@ def _collate_context(batch: dict[str, np.ndarray], examples: list[dict[str, Any]
     batch["context_element"] = np.zeros((B, A), np.int64)
     batch["context_mask"] = np.zeros((B, A), np.float32)
     for i, e in enumerate(examples):
-        a = len(e.get("context_element", ()))
+        element = e.get("context_element", ())
+        a = len(element)
         batch["context_xyz"][i, :a] = np.reshape(e["context_xyz"], (a, 3))
-        batch["context_element"][i, :a] = e.get("context_element", ())
+        batch["context_element"][i, :a] = element
         batch["context_mask"][i, :a] = 1.0
 
 
