@@ -49,6 +49,8 @@ RUNS = {
     "same_position_200_400steps": (("same_position", 1, 200, ""), "--max_steps 400"),
     "same_position_200_400steps_anchor0.3": (("same_position", 1, 200, ""),
                                              "--max_steps 400 --anchor_weight 0.3"),
+    "same_position_200_400steps_anchor0.1": (("same_position", 1, 200, ""),
+                                             "--max_steps 400 --anchor_weight 0.1"),
 }  # fmt: skip
 TRAINING = ("--eval_split 0 --beta 0.1 --learning_rate 5e-5 --per_device_train_batch_size 8 --eval_steps 50 "
             "--eval_on_start --metric_for_best_model eval_spearman --save_steps 1000 --logging_steps 10 "
