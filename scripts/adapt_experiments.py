@@ -7,9 +7,12 @@ stability on that domain's remaining mutants of
   (Hsu et al. 2022), penalty chosen by inner cross-validation;
 - `adapt`: the model `dpo_inv.adapt` ships (grid chosen by its grouped cross-validation, or the starting
   model when it keeps that);
-- `adapt_ridge`: the augmented ridge model on the adapted model's score.
+- `adapt_ridge`: the augmented ridge model on the adapted model's score;
+- `final_ridge`: the same as `dpo_inv.adapt` ships it (`augmented_ridge.json`) and `dpo_inv.score --ridge`
+  applies it, on the adapted model's score in adapt's order (left to right).
 
-Scores on the remaining mutants use `dpo_inv.score`'s estimator and default order (conditional, random).
+Other scores on the remaining mutants use `dpo_inv.score`'s estimator and default order (conditional,
+random).
 
     python scripts/adapt_experiments.py --output outputs/adapt_experiments.jsonl   # runs, appends
     python scripts/adapt_experiments.py --output outputs/adapt_experiments.jsonl --summary
@@ -33,11 +36,11 @@ import torch
 from dpo_inv.data.dataset import SEQUENCE_FIELDS, load_pairs
 from dpo_inv.models.variants import spearman
 from dpo_inv.models.weights import load_model
-from dpo_inv.tools.adapt import AdaptConfig, choose_and_train, variant_sets
+from dpo_inv.tools.adapt import AdaptConfig, choose_and_train, fit_augmented_ridge, variant_sets
 from dpo_inv.tools.ridge import augmented_features, fit_ridge_cv, one_hot
 
 ROOT = Path(__file__).resolve().parents[1]
-METHODS = ("zero_shot", "ridge", "augmented", "adapt", "adapt_ridge")
+METHODS = ("zero_shot", "ridge", "augmented", "adapt", "adapt_ridge", "final_ridge")
 
 
 def domain_records(path: Path, domain: str) -> list[dict]:
@@ -73,13 +76,16 @@ def run_domain(domain: str, args: argparse.Namespace, done: set, output) -> None
             train, test = rows[:n], rows[n:]
             result = choose_and_train(model, [full.subset(train)], config)
             seconds = time.time() - start
+            shipped = fit_augmented_ridge(result.model, [full.subset(train)], data, config)
             with torch.no_grad():
                 adapted = evaluation.deltas(result.model).numpy()
+                in_order = full.deltas(result.model).numpy()
             ridge = fit_ridge_cv(one_hot(tokens[train]), labels[train], seed=seed)
             scores = {
                 "zero_shot": base,
                 "ridge": ridge.predict(one_hot(tokens)),
                 "adapt": adapted,
+                "final_ridge": shipped.predict(next(iter(shipped.proteins)), tokens, in_order),
             }
             for name, score in (("augmented", base), ("adapt_ridge", adapted)):
                 features = augmented_features(tokens, score)
@@ -97,6 +103,7 @@ def run_domain(domain: str, args: argparse.Namespace, done: set, output) -> None
                 "cv_adapt": result.best.spearman,
                 "cv_start": result.start_mean,
                 "cv_augmented": result.ridge_mean,
+                "cv_final_ridge": result.final_ridge_mean,
                 "adapt_seconds": round(seconds, 1),
             }
             output.write(json.dumps(line) + "\n")
@@ -137,6 +144,13 @@ def summary(path: Path) -> None:
         n: np.mean([r["decision"] != "adapted" for r in lines if r["n"] == n])
         for n in sorted({r["n"] for r in lines})
     }
+    for n in kept:  # what the shipped ridge adds to the adapted model
+        rows = [r for r in lines if r["n"] == n]
+        gain = [np.mean([r["final_ridge"] - r["adapt"] for r in rows if r["domain"] == d])
+                for d in sorted({r["domain"] for r in rows})]  # fmt: skip
+        better = np.mean([r["final_ridge"] > r["adapt"] for r in rows])
+        print(f"N={n}: final_ridge - adapt {np.mean(gain):+.3f} ± {np.std(gain):.3f} over domains, "
+              f"better in {better:.0%} of the runs")  # fmt: skip
     seconds = {n: np.median([r["adapt_seconds"] for r in lines if r["n"] == n]) for n in kept}
     print("starting model kept: " + ", ".join(f"N={n} {v:.0%}" for n, v in kept.items()))
     print("median seconds of choose-and-train: " + ", ".join(f"N={n} {v:.0f}" for n, v in seconds.items()))

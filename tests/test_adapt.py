@@ -12,11 +12,11 @@ from conftest import ROOT, stability_rows
 
 from dpo_inv.data.batches import PreferenceDataset, collate
 from dpo_inv.data.dataset import SEQUENCE_FIELDS, load_pairs
-from dpo_inv.models.variants import conditional_head, conditional_log_probs, conditional_states
+from dpo_inv.models.variants import conditional_head, conditional_log_probs, conditional_states, spearman
 from dpo_inv.models.weights import load_model
 from dpo_inv.structures.parse import ALPHABET
 from dpo_inv.tools.folds import assign_folds, variant_groups
-from dpo_inv.tools.ridge import augmented_features, fit_ridge, one_hot
+from dpo_inv.tools.ridge import augmented_features, fit_ridge, fit_ridge_cv, one_hot
 
 DOMAIN = "2jws_A_7-54"  # 48 residues
 ADAPT = (sys.executable, "-m", "dpo_inv.adapt")
@@ -123,6 +123,61 @@ def test_adapt_end_to_end_writes_a_model_that_score_reads(tmp_path):
     stacked = json.loads((tmp_path / "again" / "adapt.json").read_text())
     assert stacked["model"] == saved
     assert stacked["cv_spearman_start"] != report["cv_spearman_start"]
+
+
+def score_command(tmp_path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "dpo_inv.score", "--output", str(tmp_path / "scored.jsonl"),
+                           *args], capture_output=True, text=True, cwd=ROOT)  # fmt: skip
+
+
+def test_the_augmented_ridge_adapt_ships_is_what_score_applies(tmp_path):
+    labelled = write(tmp_path / "labelled.jsonl", domain_rows(40))
+    result = run(str(labelled), "--output_dir", str(tmp_path / "out"), *QUICK)
+    assert result.returncode == 0, result.stderr
+    report = json.loads((tmp_path / "out" / "adapt.json").read_text())
+    ridge, final = tmp_path / "out" / "augmented_ridge.json", str(tmp_path / "out" / "final")
+    assert report["final_ridge"] == str(ridge) and ridge.is_file()
+    assert report["cv_spearman_final_ridge"] != report["cv_spearman_adapted"]  # a prediction of its own
+    assert f"{ridge} (dpo_inv.score --ridge)" in result.stdout.splitlines()[-1]
+    # score computes the delta_logp the ridge was fitted on (adapt's order, no option needed), then the
+    # ridge on it: refitting on the labelled variants' scored delta_logp gives the same predictions
+    scored = score_command(tmp_path, "--model", final, "--data", str(labelled), "--ridge", str(ridge))
+    assert scored.returncode == 0, scored.stderr
+    assert json.loads(scored.stdout)["spearman_of"] == "predicted_label"
+    rows = [json.loads(line) for line in (tmp_path / "scored.jsonl").read_text().splitlines()]
+    features = augmented_features(
+        np.stack([tokens(r["sequence"]) for r in rows]), np.array([r["delta_logp"] for r in rows])
+    )
+    refitted = fit_ridge_cv(features, np.array([r["label"] for r in rows]), 1, seed=42).predict(features)
+    np.testing.assert_allclose([r["predicted_label"] for r in rows], refitted, atol=1e-3)
+    # lower-is-better labels come back in their own units and direction
+    flipped = write(tmp_path / "ddg.jsonl", [{**r, "ddg": -r["label"]} for r in domain_rows(40)])
+    result = run(str(flipped), "--output_dir", str(tmp_path / "ddg"), *QUICK, "--score_field", "ddg",
+                 "--lower_is_better")  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    scored = score_command(tmp_path, "--model", str(tmp_path / "ddg" / "final"), "--data", str(flipped),
+                           "--ridge", str(tmp_path / "ddg" / "augmented_ridge.json"))  # fmt: skip
+    assert scored.returncode == 0, scored.stderr
+    rows = [json.loads(line) for line in (tmp_path / "scored.jsonl").read_text().splitlines()]
+    assert spearman(np.array([r["predicted_ddg"] for r in rows]), np.array([r["ddg"] for r in rows])) > 0.5
+    # settings that would predict from another score than the one fitted on are refused, a line each
+    other = write(tmp_path / "other.jsonl", stability_rows(("1aoy_A_7-75",), per_domain=3))
+    for args, expected in [
+        (("--model", "vanilla/v_48_020", "--data", str(labelled)), f"give --model {final}"),
+        (
+            ("--model", final, "--data", str(labelled), "--decoding_order", "random"),
+            "--decoding_order left_to",
+        ),
+        (("--model", final, "--data", str(other)), f"{other}:1: its wild type (69 residues) is not one"),
+        (
+            ("--model", final, "--data", str(labelled), "--ridge", str(labelled)),
+            "not an augmented ridge file",
+        ),
+    ]:
+        bad = score_command(tmp_path, "--ridge", str(ridge), *args)
+        assert bad.returncode == 2, bad.stderr
+        lines = [line for line in bad.stderr.splitlines() if "error:" in line]
+        assert len(lines) == 1 and expected in lines[0] and "Traceback" not in bad.stderr, bad.stderr
 
 
 def test_adapt_keeps_the_starting_model_when_labels_say_nothing(tmp_path):

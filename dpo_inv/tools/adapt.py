@@ -42,8 +42,16 @@ from dpo_inv.models.weights import (
     load_model,
     parse_options,
 )
+from dpo_inv.structures.parse import ALPHABET
 from dpo_inv.tools.folds import assign_folds, variant_groups
-from dpo_inv.tools.ridge import augmented_features, fit_ridge_cv
+from dpo_inv.tools.ridge import (
+    RIDGE_FILE,
+    AugmentedRidge,
+    ProteinRidge,
+    augmented_features,
+    fit_ridge_cv,
+    model_fingerprint,
+)
 from dpo_inv.training.launch import resolve_device, setup_environment, threads_per_process
 from dpo_inv.training.loss import PairLogps, dpo_loss
 
@@ -233,20 +241,48 @@ def mean_spearman(values: Sequence[np.ndarray], sets: Sequence[VariantSet]) -> t
     return mean_and_median(table)[0], table
 
 
-def ridge_out_of_fold(sets: Sequence[VariantSet], folds: Sequence[np.ndarray], seed: int) -> list[np.ndarray]:
-    """Out-of-fold predictions of the augmented ridge model (one-hot + the starting model's `delta_logp`),
-    fitted per set on the other folds."""
+def ridge_out_of_fold(
+    sets: Sequence[VariantSet], folds: Sequence[np.ndarray], scores: Sequence[Sequence[np.ndarray]], seed: int
+) -> list[np.ndarray]:
+    """Out-of-fold predictions of the augmented ridge model (one-hot + a model's `delta_logp`), fitted per
+    set on the other folds; ``scores[k][i]`` is set i's score with fold k held out (the starting model's, or
+    that of the model trained without fold k)."""
     predictions = []
-    for variant_set, fold in zip(sets, folds, strict=True):
-        features = augmented_features(variant_set.variants, variant_set.reference.cpu().numpy())
-        predicted = variant_set.reference.cpu().numpy().astype(np.float64).copy()
+    for i, (variant_set, fold) in enumerate(zip(sets, folds, strict=True)):
+        predicted = np.zeros(len(variant_set.records))
         for k in np.unique(fold):
             held_out = fold == k
+            features = augmented_features(variant_set.variants, scores[k][i])
+            predicted[held_out] = scores[k][i][held_out]
             if (~held_out).sum() >= 3 and np.ptp(variant_set.labels[~held_out]) > 0:
                 ridge = fit_ridge_cv(features[~held_out], variant_set.labels[~held_out], 1, seed)
                 predicted[held_out] = ridge.predict(features[held_out])
         predictions.append(predicted)
     return predictions
+
+
+def fit_augmented_ridge(model: ProteinMPNN, sets: Sequence[VariantSet], data: PairDataset,
+                        config: AdaptConfig) -> AugmentedRidge:  # fmt: skip
+    """Augmented ridge on `model`'s `delta_logp`, fitted on every label: one model per wild type (the sets
+    of one wild type on several structures pooled)."""
+    by_wildtype: dict[str, list[VariantSet]] = {}
+    for variant_set in sets:
+        by_wildtype.setdefault("".join(ALPHABET[t] for t in variant_set.wildtype), []).append(variant_set)
+    proteins = {}
+    with torch.no_grad():
+        for wildtype, members in by_wildtype.items():
+            features = np.vstack(
+                [augmented_features(s.variants, s.deltas(model).cpu().numpy()) for s in members]
+            )
+            labels = np.concatenate([s.labels for s in members])
+            proteins[wildtype] = ProteinRidge(
+                data.structures[members[0].structure_id]["path"],
+                len(labels),
+                fit_ridge_cv(features, labels, 1, config.seed),
+            )
+    return AugmentedRidge(str(Path(config.output_dir) / "final"), model_fingerprint(model),
+                          config.decoding_order, config.score_field, config.lower_is_better,
+                          proteins)  # fmt: skip
 
 
 def check_labels(sets: Sequence[VariantSet], data: PairDataset, config: AdaptConfig) -> None:
@@ -275,32 +311,33 @@ class Choice:
 
 def cross_validate(
     model: ProteinMPNN, sets: list[VariantSet], folds: list[np.ndarray], config: AdaptConfig
-) -> tuple[list[Choice], dict[float, dict[int, list[np.ndarray]]]]:
+) -> tuple[list[Choice], dict[tuple[int, float], dict[int, list[np.ndarray]]]]:
     """Every (learning rate, length) of the grid, scored by the mean per-structure Spearman of its
-    out-of-fold `delta_logp`; the (fold, learning rate) jobs are shared out over the processes."""
+    out-of-fold `delta_logp`, and every record's `delta_logp` under each (fold, learning rate, length)'s
+    model; the (fold, learning rate) jobs are shared out over the processes."""
     state = PartialState()
     jobs = [(k, lr) for k in range(config.num_folds) for lr in config.learning_rates]
     mine = {}
     for k, lr in jobs[state.process_index :: state.num_processes]:
         train = [fold != k for fold in folds]
-        _, deltas = train_head(model, sets, train, lr, config.max_steps, config)
-        mine[(k, lr)] = {
-            step: [d[fold == k] for d, fold in zip(values, folds, strict=True)]
-            for step, values in deltas.items()
-        }
+        mine[(k, lr)] = train_head(model, sets, train, lr, config.max_steps, config)[1]
     results = {key: value for part in gather_object([mine]) for key, value in part.items()}
-    out_of_fold: dict[float, dict[int, list[np.ndarray]]] = {}
     grid = []
     for lr in config.learning_rates:
-        out_of_fold[lr] = {}
         for steps in config.max_steps:
-            values = [np.zeros(len(s.records)) for s in sets]
-            for k in range(config.num_folds):
-                for values_k, part, fold in zip(values, results[(k, lr)][steps], folds, strict=True):
-                    values_k[fold == k] = part
-            out_of_fold[lr][steps] = values
+            values = out_of_fold([results[(k, lr)][steps] for k in range(config.num_folds)], folds)
             grid.append(Choice(lr, steps, mean_spearman(values, sets)[0]))
-    return grid, out_of_fold
+    return grid, results
+
+
+def out_of_fold(by_fold: Sequence[Sequence[np.ndarray]], folds: Sequence[np.ndarray]) -> list[np.ndarray]:
+    """Each record's value under the model of the fold it was held out of (``by_fold[k][i]``: set i's
+    values under fold k's model)."""
+    values = [np.zeros(len(fold)) for fold in folds]
+    for k, parts in enumerate(by_fold):
+        for values_i, part, fold in zip(values, parts, folds, strict=True):
+            values_i[fold == k] = part[fold == k]
+    return values
 
 
 def fold_sets(sets: Sequence[VariantSet], num_folds: int, seed: int) -> list[np.ndarray]:
@@ -326,19 +363,23 @@ class Adapted:
     start: list[dict]  # per structure: count, Spearman of the starting model
     adapted: list[dict]  # ... of the chosen configuration, out of fold
     ridge: list[dict]  # ... of the augmented ridge baseline, out of fold
+    final_ridge: list[dict]  # ... of augmented ridge on the shipped model's score, out of fold
     start_mean: float
     ridge_mean: float
+    final_ridge_mean: float
 
 
 def choose_and_train(model: ProteinMPNN, sets: list[VariantSet], config: AdaptConfig) -> Adapted:
     """Cross-validate the grid, then train on every label with the best configuration; the starting model
     is kept with too few labels or no cross-validated gain."""
     folds = fold_sets(sets, config.num_folds, config.seed)
-    grid, out_of_fold = cross_validate(model, sets, folds, config)
+    grid, deltas = cross_validate(model, sets, folds, config)
     best = max(grid, key=lambda c: (c.spearman, -c.max_steps))
-    start_mean, start = mean_spearman([s.reference.cpu().numpy() for s in sets], sets)
-    ridge_mean, ridge = mean_spearman(ridge_out_of_fold(sets, folds, config.seed), sets)
-    _, adapted = mean_spearman(out_of_fold[best.learning_rate][best.max_steps], sets)
+    by_fold = [deltas[(k, best.learning_rate)][best.max_steps] for k in range(config.num_folds)]
+    reference = [[s.reference.cpu().numpy() for s in sets]] * config.num_folds
+    start_mean, start = mean_spearman(reference[0], sets)
+    ridge_mean, ridge = mean_spearman(ridge_out_of_fold(sets, folds, reference, config.seed), sets)
+    _, adapted = mean_spearman(out_of_fold(by_fold, folds), sets)
     count = sum(len(s.records) for s in sets)
     if count < config.min_labels:
         decision = f"kept the starting model: {count} labelled sequences, fewer than --min_labels "
@@ -352,7 +393,13 @@ def choose_and_train(model: ProteinMPNN, sets: list[VariantSet], config: AdaptCo
         decision = "adapted"
         everything = [np.ones(len(s.records), dtype=bool) for s in sets]
         model, _ = train_head(model, sets, everything, best.learning_rate, [best.max_steps], config)
-    return Adapted(model, decision, best, grid, start, adapted, ridge, start_mean, ridge_mean)
+    final_ridge_mean, final_ridge = ridge_mean, ridge
+    if decision == "adapted":  # the cross-validated model's own score in each fold
+        final_ridge_mean, final_ridge = mean_spearman(
+            ridge_out_of_fold(sets, folds, by_fold, config.seed), sets
+        )
+    return Adapted(model, decision, best, grid, start, adapted, ridge, final_ridge, start_mean, ridge_mean,
+                   final_ridge_mean)  # fmt: skip
 
 
 def check_options(config: AdaptConfig) -> None:
@@ -384,10 +431,15 @@ def adapt_model(model: ProteinMPNN, data: Data, config: AdaptConfig) -> tuple[Pr
     check_labels(sets, loaded, config)
     result = choose_and_train(model, sets, config)
     final = Path(config.output_dir) / "final"
+    ridge_file = Path(config.output_dir) / RIDGE_FILE
+    augmented = fit_augmented_ridge(result.model, sets, loaded, config)
     if state.is_main_process:
         result.model.save_pretrained(final)
+        augmented.save(ridge_file)
     structures = []
-    for start, adapted, ridge in zip(result.start, result.adapted, result.ridge, strict=True):
+    for start, adapted, ridge, final_ridge in zip(
+        result.start, result.adapted, result.ridge, result.final_ridge, strict=True
+    ):
         structure = loaded.structures[start["structure_id"]]
         structures.append(
             {
@@ -397,6 +449,7 @@ def adapt_model(model: ProteinMPNN, data: Data, config: AdaptConfig) -> tuple[Pr
                 "spearman_start": round_metric(start["spearman"]),
                 "spearman_adapted": round_metric(adapted["spearman"]),
                 "spearman_augmented_ridge": round_metric(ridge["spearman"]),
+                "spearman_final_ridge": round_metric(final_ridge["spearman"]),
             }
         )
     report = {
@@ -411,6 +464,8 @@ def adapt_model(model: ProteinMPNN, data: Data, config: AdaptConfig) -> tuple[Pr
         "cv_spearman_start": round_metric(result.start_mean),
         "cv_spearman_adapted": round_metric(result.best.spearman),
         "cv_spearman_augmented_ridge": round_metric(result.ridge_mean),
+        "cv_spearman_final_ridge": round_metric(result.final_ridge_mean),
+        "final_ridge": str(ridge_file),
         "structures": structures,
         "grid": [{**asdict(c), "spearman": round_metric(c.spearman)} for c in result.grid],
         "seconds": round(time.time() - start_time, 1),
@@ -482,7 +537,7 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
     lines = [
         f"{s['pdb_file']} ({','.join(s['chains'])}): {s['labelled']} labelled; cross-validated Spearman: "
         f"start {s['spearman_start']}, adapted {s['spearman_adapted']}, augmented ridge "
-        f"{s['spearman_augmented_ridge']}"
+        f"{s['spearman_augmented_ridge']}, augmented ridge on the final model {s['spearman_final_ridge']}"
         for s in report["structures"]
     ]
     outcome = (
@@ -494,6 +549,7 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
     lines.append(
         f"Done: cross-validated Spearman {report['cv_spearman_adapted']} "
         f"(start {report['cv_spearman_start']}, augmented ridge {report['cv_spearman_augmented_ridge']}, "
-        f"{report['cv_folds']} folds grouped by position); {outcome}"
+        f"{report['cv_folds']} folds grouped by position); {outcome}; augmented ridge on its score "
+        f"{report['cv_spearman_final_ridge']}: {report['final_ridge']} (dpo_inv.score --ridge)"
     )
     return lines

@@ -1,12 +1,18 @@
 """The low-N baseline of Hsu et al. (Nat. Biotechnol. 2022): ridge regression on one-hot sequences, and the
-augmented model, one-hot plus a model's score as one more, unpenalised feature. Closed form, in NumPy."""
+augmented model, one-hot plus a model's score as one more, unpenalised feature. Closed form, in NumPy; the
+fitted augmented models of `dpo_inv.adapt` are saved and read here (`AugmentedRidge`)."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
+import torch
 
+from dpo_inv.data.records import DataError, write_json
 from dpo_inv.models.variants import spearman
 
 ALPHAS = (0.01, 0.1, 1.0, 10.0, 100.0, 1000.0)  # ridge penalties tried by the inner cross-validation
@@ -71,3 +77,85 @@ def fit_ridge_cv(features: np.ndarray, labels: np.ndarray, unpenalised: int = 0,
 def augmented_features(tokens: np.ndarray, scores: np.ndarray) -> np.ndarray:
     """One-hot features of the sequences with the model's score as the last column."""
     return np.hstack([one_hot(tokens), np.asarray(scores, dtype=np.float64)[:, None]])
+
+
+RIDGE_FILE = "augmented_ridge.json"  # written by `dpo_inv.adapt`, read by `dpo_inv.score --ridge`
+
+
+def model_fingerprint(model: torch.nn.Module) -> str:
+    """A digest of every parameter of `model`: an augmented ridge holds only for the model whose score it
+    was fitted on."""
+    digest = hashlib.sha256()
+    for name, value in sorted(model.state_dict().items()):
+        digest.update(name.encode())
+        digest.update(value.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class ProteinRidge:
+    """The augmented ridge model of one wild type's variants."""
+
+    pdb_file: str
+    labelled: int
+    ridge: Ridge
+
+
+@dataclass(frozen=True)
+class AugmentedRidge:
+    """Augmented ridge models on one model's conditional `delta_logp`, one per wild type (keyed by its
+    residues as letters); they predict the label in the user's units and direction (`score_field`)."""
+
+    model: str
+    fingerprint: str
+    decoding_order: str
+    score_field: str
+    lower_is_better: bool
+    proteins: dict[str, ProteinRidge]
+
+    def predict(self, wildtype: str, variants: np.ndarray, deltas: np.ndarray) -> np.ndarray:
+        """The predicted label of each variant (``[R, L]`` tokens) of `wildtype` from its `delta_logp`."""
+        predicted = self.proteins[wildtype].ridge.predict(augmented_features(variants, deltas))
+        return -predicted if self.lower_is_better else predicted
+
+    def save(self, path: str | Path) -> None:
+        header = {k: getattr(self, k) for k in ("model", "fingerprint", "decoding_order", "score_field")}
+        proteins = [
+            {
+                "wildtype": wildtype,
+                "pdb_file": protein.pdb_file,
+                "labelled": protein.labelled,
+                "alpha": protein.ridge.alpha,
+                "intercept": protein.ridge.intercept,
+                "delta_logp_weight": float(protein.ridge.weights[-1]),
+                "one_hot_weights": protein.ridge.weights[:-1].reshape(len(wildtype), -1).tolist(),
+            }
+            for wildtype, protein in self.proteins.items()
+        ]
+        write_json(path, {**header, "lower_is_better": self.lower_is_better, "proteins": proteins})
+
+    @classmethod
+    def load(cls, path: str | Path) -> AugmentedRidge:
+        """Read what `save` wrote; anything else is a `DataError` naming the file."""
+        try:
+            content = json.loads(Path(path).read_text())
+            proteins = {
+                p["wildtype"]: ProteinRidge(
+                    p["pdb_file"],
+                    int(p["labelled"]),
+                    Ridge(
+                        np.r_[np.ravel(p["one_hot_weights"]), p["delta_logp_weight"]],
+                        float(p["intercept"]),
+                        float(p["alpha"]),
+                    ),
+                )
+                for p in content["proteins"]
+            }
+            return cls(content["model"], content["fingerprint"], content["decoding_order"],
+                       content["score_field"], bool(content["lower_is_better"]), proteins)  # fmt: skip
+        except FileNotFoundError:
+            raise DataError(f"{path}: no such file: give the {RIDGE_FILE} that dpo_inv.adapt wrote") from None
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            raise DataError(
+                f"{path}: not an augmented ridge file written by dpo_inv.adapt ({type(err).__name__}: {err})"
+            ) from None

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
@@ -20,6 +20,7 @@ from dpo_inv.data.records import (
     Data,
     as_table,
     load_records,
+    raise_bad_records,
     rebase_paths,
     records_folder,
     write_jsonl,
@@ -27,6 +28,7 @@ from dpo_inv.data.records import (
 from dpo_inv.models.mpnn import ProteinMPNN
 from dpo_inv.models.variants import (
     conditional_deltas,
+    group_variants,
     mean_and_median,
     round_metric,
     spearman,
@@ -40,6 +42,8 @@ from dpo_inv.models.weights import (
     shared_parse_options,
 )
 from dpo_inv.structures.context import empty_context_note
+from dpo_inv.structures.parse import ALPHABET
+from dpo_inv.tools.ridge import AugmentedRidge, model_fingerprint
 from dpo_inv.training.config import check_signs
 from dpo_inv.training.launch import resolve_device
 from dpo_inv.training.loss import PairLogps, batch_ranks, pair_logps
@@ -60,11 +64,12 @@ class ScoreConfig:
     reference: str | None = field(
         default=None, metadata={"help": "Reference model: adds rewards (log p - log p_ref)."}
     )
-    decoding_order: Literal["random", "left_to_right"] = field(
-        default="random",
+    decoding_order: Literal["random", "left_to_right"] | None = field(
+        default=None,
         metadata={
             "help": "random (seeded per record, as the trainer) or left_to_right; with conditional variant "
-            "scoring, the order of the residues other than the substituted one."
+            "scoring, the order of the residues other than the substituted one. Default: random, or with "
+            "--ridge the order it was fitted with."
         },
     )
     variant_scoring: Literal["conditional", "full"] = field(
@@ -73,6 +78,14 @@ class ScoreConfig:
             "help": "Sequences with a wildtype_seq: conditional (each substituted position decoded last, "
             "given every other residue; one encoder pass per structure; delta_logp only) or full "
             "(log p of the whole variant minus that of the wild type, under the same decoding order)."
+        },
+    )
+    ridge: str | None = field(
+        default=None,
+        metadata={
+            "help": "The augmented_ridge.json dpo_inv.adapt wrote beside its final model (--model): adds "
+            "predicted_<label field>, the augmented ridge model on delta_logp, to each variant of the "
+            "proteins it was fitted on; the Spearman reported is then of that prediction."
         },
     )
     per_structure_output: str | None = field(
@@ -136,15 +149,48 @@ def score_pairs(rows: list[dict], policy: PairLogps, reference: PairLogps | None
     }
 
 
+def predict_labels(
+    rows: list[dict],
+    locations: Sequence[str],
+    dataset: PreferenceDataset,
+    ridge: AugmentedRidge,
+    config: ScoreConfig,
+) -> str:
+    """Add the augmented ridge's predicted label to each variant (which has its `delta_logp`); returns the
+    field it fills. A variant of a wild type the ridge was not fitted on is bad input."""
+    name = f"predicted_{ridge.score_field}"
+    fitted_on = ", ".join(sorted({protein.pdb_file for protein in ridge.proteins.values()}))
+    errors = []
+    for group in group_variants(dataset):
+        wildtype = "".join(ALPHABET[t] for t in dataset.pairs[group.records[0]]["rejected"])
+        if wildtype not in ridge.proteins:
+            errors += [
+                f"{locations[i]}: its wild type ({len(wildtype)} residues) is not one {config.ridge} was "
+                f"fitted on ({fitted_on}): score it without --ridge, or adapt on its protein's labels"
+                for i in group.records
+            ]
+            continue
+        variants = np.stack([np.asarray(dataset.pairs[i]["chosen"]) for i in group.records])
+        deltas = np.array([rows[i]["delta_logp"] for i in group.records])
+        for i, value in zip(group.records, ridge.predict(wildtype, variants, deltas), strict=True):
+            rows[i][name] = float(value)
+    if errors:
+        raise_bad_records(errors)
+    return name
+
+
 def score_sequences(
     rows: list[dict],
     model: ProteinMPNN,
     dataset: PreferenceDataset,
     config: ScoreConfig,
     device: torch.device,
+    ridge: AugmentedRidge | None = None,
+    locations: Sequence[str] = (),
 ) -> tuple[dict, list[dict]]:
-    """Add `delta_logp` (records with a wild type) or `logp` and `logp_per_residue` to each record;
-    Spearman's correlation with `label`, pooled, and per structure (the table)."""
+    """Add `delta_logp` (records with a wild type) or `logp` and `logp_per_residue` to each record, and with
+    a `ridge` the predicted label (`locations`: where each record is, for errors); Spearman's correlation of
+    the last of these with `label`, pooled, and per structure (the table)."""
     conditional = config.variant_scoring == "conditional"
     variants = [i for i, row in enumerate(rows) if row.get("wildtype_seq")]
     full = [i for i in range(len(rows)) if not (conditional and rows[i].get("wildtype_seq"))]
@@ -164,6 +210,8 @@ def score_sequences(
             rows[i]["delta_logp"] = deltas[i]
     summary: dict = {"variant_scoring": config.variant_scoring if variants else None}
     key = "delta_logp" if variants else "logp"
+    if ridge is not None:
+        key = predict_labels(rows, locations, dataset, ridge, config)
     labelled = [i for i, row in enumerate(rows) if row.get("label") is not None and key in row]
     if len(labelled) < 2:
         return summary, []
@@ -190,14 +238,42 @@ def score_sequences(
     return summary, table
 
 
+def check_ridge(ridge: AugmentedRidge, model: ProteinMPNN, is_pairs: bool, config: ScoreConfig) -> None:
+    """Settings under which the augmented ridge would predict from another score than it was fitted on."""
+    if is_pairs:
+        raise ValueError(f"--ridge {config.ridge}: it predicts labelled variants' labels, not pairs")
+    if config.variant_scoring != "conditional" or config.decoding_order != ridge.decoding_order:
+        raise ValueError(
+            f"--ridge {config.ridge} was fitted on conditional delta_logp with --decoding_order "
+            f"{ridge.decoding_order}: give those (not --variant_scoring {config.variant_scoring} "
+            f"--decoding_order {config.decoding_order})"
+        )
+    if model_fingerprint(model) != ridge.fingerprint:
+        raise ValueError(
+            f"--ridge {config.ridge} was fitted on the delta_logp of {ridge.model}, which --model "
+            f"{model.name_or_path} is not: give --model {ridge.model}"
+        )
+
+
 def score_records(
     model: ProteinMPNN, reference: ProteinMPNN | None, data: Data, config: ScoreConfig, name: str = "records"
 ) -> tuple[list[dict], dict, list[dict]]:
     """Score every record of `data` (a file or records in memory): the records with their scores, the
     summary, and the per-structure Spearman table (empty without labels)."""
-    rows = [dict(record.data or {}) for record in load_records(data, name)]
+    records = load_records(data, name)
+    rows = [dict(record.data or {}) for record in records]
     columns = {column for row in rows for column in normalise(row)}
     is_pairs = not ("sequence" in columns and "preferred_seq" not in columns)
+    ridge = None if config.ridge is None else AugmentedRidge.load(config.ridge)
+    config = replace(
+        config, decoding_order=config.decoding_order or getattr(ridge, "decoding_order", "random")
+    )
+    if ridge is not None:
+        check_ridge(ridge, model, is_pairs, config)
+        missing = [f"{r.location}: no wildtype_seq: --ridge predicts variants of a wild type it was fitted on"
+                   for r, row in zip(records, rows, strict=True) if not row.get("wildtype_seq")]  # fmt: skip
+        if missing:
+            raise_bad_records(missing)
     options = shared_parse_options(
         model.config,
         None if reference is None else reference.config,
@@ -219,7 +295,10 @@ def score_records(
         policy, *reference_logps = score_dataset(models, dataset, config, device)
         summary.update(score_pairs(rows, policy, reference_logps[0] if reference_logps else None))
     else:
-        sequence_summary, table = score_sequences(rows, model.to(device).eval(), dataset, config, device)
+        locations = [record.location for record in records]
+        sequence_summary, table = score_sequences(
+            rows, model.to(device).eval(), dataset, config, device, ridge, locations
+        )
         summary.update(sequence_summary)
     return rows, summary, table
 
@@ -230,7 +309,8 @@ def score(
     *,
     reference: ProteinMPNN | str | None = None,
     variant_scoring: Literal["conditional", "full"] = "conditional",
-    decoding_order: Literal["random", "left_to_right"] = "random",
+    decoding_order: Literal["random", "left_to_right"] | None = None,
+    ridge: str | Path | None = None,
     num_orders: int = 1,
     seed: int = 42,
     batch_size: int = 16,
@@ -245,14 +325,15 @@ def score(
     `records` is a data file, a list of dicts, a pandas DataFrame or a `datasets.Dataset`. Pairs get
     `preferred_logp` and `unpreferred_logp` (with a `reference`, also `preferred_reward` and
     `unpreferred_reward`); sequences with a `wildtype_seq` get `delta_logp`, other sequences `logp` and
-    `logp_per_residue` (see `python -m dpo_inv.score --help` for the options). Returns the records with
-    their scores: a DataFrame when `records` is one, else a list of dicts. Bad records raise one
-    `DataError` (a `ValueError`), a line each.
+    `logp_per_residue` (see `python -m dpo_inv.score --help` for the options). With `ridge`, the
+    `augmented_ridge.json` :func:`adapt` wrote for `model`, variants also get `predicted_<label field>`.
+    Returns the records with their scores: a DataFrame when `records` is one, else a list of dicts. Bad
+    records raise one `DataError` (a `ValueError`), a line each.
     """
     config = ScoreConfig(data="", output="", variant_scoring=variant_scoring, decoding_order=decoding_order,
-                         num_orders=num_orders, seed=seed, batch_size=batch_size, device=device,
-                         cache_dir=cache_dir, ligand_context=ligand_context,
-                         ligand_exclude=list(ligand_exclude))  # fmt: skip
+                         ridge=None if ridge is None else str(ridge), num_orders=num_orders, seed=seed,
+                         batch_size=batch_size, device=device, cache_dir=cache_dir,
+                         ligand_context=ligand_context, ligand_exclude=list(ligand_exclude))  # fmt: skip
     policy = as_model(model)
     rows, _, _ = score_records(policy, None if reference is None else as_model(reference), records, config)
     return as_table(records, rows)
