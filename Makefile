@@ -65,7 +65,7 @@ stability: setup
 adapt-example: setup
 	$(PY) -m dpo_inv.adapt data/adapt/labelled.jsonl --output_dir outputs/adapt_example
 	$(PY) -m dpo_inv.score --model outputs/adapt_example/final --data data/adapt/candidates.jsonl \
-		--output outputs/adapt_example/candidates_scored.jsonl
+		--output outputs/adapt_example/candidates_scored.jsonl --ridge outputs/adapt_example/augmented_ridge.json
 
 test: setup
 	$(PY) -m ruff check dpo_inv tests scripts

@@ -25,6 +25,7 @@ import dpo_inv.rounds
 import dpo_inv.sample
 import dpo_inv.score  # the command modules: importing them leaves dpo_inv.score the function
 from dpo_inv.data.dataset import load_pairs
+from dpo_inv.models.variants import spearman
 from dpo_inv.sample import main as sample_main
 from dpo_inv.tools.adapt import AdaptConfig
 from dpo_inv.tools.pairs import PairsConfig, pairs_file
@@ -223,6 +224,10 @@ def test_adapt_a_model_object_without_changing_it(tmp_path):
         torch.equal(a, b)
         for a, b in zip(saved.state_dict().values(), adapted.state_dict().values(), strict=True)
     )
+    # the returned model and the ridge saved beside it chain into score, in the label's field name
+    scored = dpo_inv.score(adapted, pd.DataFrame(rows), ridge=report["final_ridge"], cache_dir=str(tmp_path))
+    assert {"delta_logp", "predicted_score"} <= set(scored.columns)
+    assert spearman(scored.predicted_score.to_numpy(), scored.score.to_numpy()) > 0.5
 
 
 SCRIPT = """
