@@ -9,7 +9,9 @@ minus wild type) when they have a wild type, from one encoder pass per structure
 conditional`, the default) or from two full-sequence passes per record (`full`, which also gives `logp` and
 `logp_per_residue`); without a wild type, `logp` and `logp_per_residue`. With labels, Spearman's rank
 correlation is reported pooled and per structure (mean and median over structures, as ProteinGym reports
-it). A summary JSON line goes to stdout.
+it). `--ridge OUT/augmented_ridge.json` (with `--model OUT/final`, both from `dpo_inv.adapt`) adds
+`predicted_<label field>`, the augmented ridge model on `delta_logp`, and reports its Spearman. A summary
+JSON line goes to stdout.
 """
 
 from __future__ import annotations

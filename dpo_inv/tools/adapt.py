@@ -280,7 +280,7 @@ def fit_augmented_ridge(model: ProteinMPNN, sets: Sequence[VariantSet], data: Pa
                 len(labels),
                 fit_ridge_cv(features, labels, 1, config.seed),
             )
-    return AugmentedRidge(str(Path(config.output_dir) / "final"), model_fingerprint(model),
+    return AugmentedRidge(str((Path(config.output_dir) / "final").resolve()), model_fingerprint(model),
                           config.decoding_order, config.score_field, config.lower_is_better,
                           proteins)  # fmt: skip
 

@@ -114,8 +114,13 @@ class AugmentedRidge:
     proteins: dict[str, ProteinRidge]
 
     def predict(self, wildtype: str, variants: np.ndarray, deltas: np.ndarray) -> np.ndarray:
-        """The predicted label of each variant (``[R, L]`` tokens) of `wildtype` from its `delta_logp`."""
-        predicted = self.proteins[wildtype].ridge.predict(augmented_features(variants, deltas))
+        """The predicted label of each variant (``[R, L]`` tokens) of `wildtype` from its `delta_logp`: the
+        augmented model's prediction, summed position by position rather than through ``[R, L * 21]``
+        features."""
+        ridge = self.proteins[wildtype].ridge
+        per_position = ridge.weights[:-1].reshape(len(wildtype), -1)
+        predicted = per_position[np.arange(len(wildtype)), variants].sum(1)
+        predicted = predicted + ridge.weights[-1] * np.asarray(deltas, dtype=np.float64) + ridge.intercept
         return -predicted if self.lower_is_better else predicted
 
     def save(self, path: str | Path) -> None:
