@@ -103,7 +103,6 @@ def run_domain(domain: str, args: argparse.Namespace, done: set, output) -> None
                 "cv_adapt": result.best.spearman,
                 "cv_start": result.start_mean,
                 "cv_augmented": result.ridge_mean,
-                "cv_final_ridge": result.final_ridge_mean,
                 "adapt_seconds": round(seconds, 1),
             }
             output.write(json.dumps(line) + "\n")

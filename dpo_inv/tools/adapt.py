@@ -241,19 +241,15 @@ def mean_spearman(values: Sequence[np.ndarray], sets: Sequence[VariantSet]) -> t
     return mean_and_median(table)[0], table
 
 
-def ridge_out_of_fold(
-    sets: Sequence[VariantSet], folds: Sequence[np.ndarray], scores: Sequence[Sequence[np.ndarray]], seed: int
-) -> list[np.ndarray]:
-    """Out-of-fold predictions of the augmented ridge model (one-hot + a model's `delta_logp`), fitted per
-    set on the other folds; ``scores[k][i]`` is set i's score with fold k held out (the starting model's, or
-    that of the model trained without fold k)."""
+def ridge_out_of_fold(sets: Sequence[VariantSet], folds: Sequence[np.ndarray], seed: int) -> list[np.ndarray]:
+    """Out-of-fold predictions of the augmented ridge model (one-hot + the starting model's `delta_logp`),
+    fitted per set on the other folds."""
     predictions = []
-    for i, (variant_set, fold) in enumerate(zip(sets, folds, strict=True)):
-        predicted = np.zeros(len(variant_set.records))
+    for variant_set, fold in zip(sets, folds, strict=True):
+        features = augmented_features(variant_set.variants, variant_set.reference.cpu().numpy())
+        predicted = variant_set.reference.cpu().numpy().astype(np.float64).copy()
         for k in np.unique(fold):
             held_out = fold == k
-            features = augmented_features(variant_set.variants, scores[k][i])
-            predicted[held_out] = scores[k][i][held_out]
             if (~held_out).sum() >= 3 and np.ptp(variant_set.labels[~held_out]) > 0:
                 ridge = fit_ridge_cv(features[~held_out], variant_set.labels[~held_out], 1, seed)
                 predicted[held_out] = ridge.predict(features[held_out])
@@ -363,10 +359,8 @@ class Adapted:
     start: list[dict]  # per structure: count, Spearman of the starting model
     adapted: list[dict]  # ... of the chosen configuration, out of fold
     ridge: list[dict]  # ... of the augmented ridge baseline, out of fold
-    final_ridge: list[dict]  # ... of augmented ridge on the shipped model's score, out of fold
     start_mean: float
     ridge_mean: float
-    final_ridge_mean: float
 
 
 def choose_and_train(model: ProteinMPNN, sets: list[VariantSet], config: AdaptConfig) -> Adapted:
@@ -376,9 +370,8 @@ def choose_and_train(model: ProteinMPNN, sets: list[VariantSet], config: AdaptCo
     grid, deltas = cross_validate(model, sets, folds, config)
     best = max(grid, key=lambda c: (c.spearman, -c.max_steps))
     by_fold = [deltas[(k, best.learning_rate)][best.max_steps] for k in range(config.num_folds)]
-    reference = [[s.reference.cpu().numpy() for s in sets]] * config.num_folds
-    start_mean, start = mean_spearman(reference[0], sets)
-    ridge_mean, ridge = mean_spearman(ridge_out_of_fold(sets, folds, reference, config.seed), sets)
+    start_mean, start = mean_spearman([s.reference.cpu().numpy() for s in sets], sets)
+    ridge_mean, ridge = mean_spearman(ridge_out_of_fold(sets, folds, config.seed), sets)
     _, adapted = mean_spearman(out_of_fold(by_fold, folds), sets)
     count = sum(len(s.records) for s in sets)
     if count < config.min_labels:
@@ -393,13 +386,7 @@ def choose_and_train(model: ProteinMPNN, sets: list[VariantSet], config: AdaptCo
         decision = "adapted"
         everything = [np.ones(len(s.records), dtype=bool) for s in sets]
         model, _ = train_head(model, sets, everything, best.learning_rate, [best.max_steps], config)
-    final_ridge_mean, final_ridge = ridge_mean, ridge
-    if decision == "adapted":  # the cross-validated model's own score in each fold
-        final_ridge_mean, final_ridge = mean_spearman(
-            ridge_out_of_fold(sets, folds, by_fold, config.seed), sets
-        )
-    return Adapted(model, decision, best, grid, start, adapted, ridge, final_ridge, start_mean, ridge_mean,
-                   final_ridge_mean)  # fmt: skip
+    return Adapted(model, decision, best, grid, start, adapted, ridge, start_mean, ridge_mean)
 
 
 def check_options(config: AdaptConfig) -> None:
@@ -437,9 +424,7 @@ def adapt_model(model: ProteinMPNN, data: Data, config: AdaptConfig) -> tuple[Pr
         result.model.save_pretrained(final)
         augmented.save(ridge_file)
     structures = []
-    for start, adapted, ridge, final_ridge in zip(
-        result.start, result.adapted, result.ridge, result.final_ridge, strict=True
-    ):
+    for start, adapted, ridge in zip(result.start, result.adapted, result.ridge, strict=True):
         structure = loaded.structures[start["structure_id"]]
         structures.append(
             {
@@ -449,7 +434,6 @@ def adapt_model(model: ProteinMPNN, data: Data, config: AdaptConfig) -> tuple[Pr
                 "spearman_start": round_metric(start["spearman"]),
                 "spearman_adapted": round_metric(adapted["spearman"]),
                 "spearman_augmented_ridge": round_metric(ridge["spearman"]),
-                "spearman_final_ridge": round_metric(final_ridge["spearman"]),
             }
         )
     report = {
@@ -464,7 +448,6 @@ def adapt_model(model: ProteinMPNN, data: Data, config: AdaptConfig) -> tuple[Pr
         "cv_spearman_start": round_metric(result.start_mean),
         "cv_spearman_adapted": round_metric(result.best.spearman),
         "cv_spearman_augmented_ridge": round_metric(result.ridge_mean),
-        "cv_spearman_final_ridge": round_metric(result.final_ridge_mean),
         "final_ridge": str(ridge_file),
         "structures": structures,
         "grid": [{**asdict(c), "spearman": round_metric(c.spearman)} for c in result.grid],
@@ -537,7 +520,7 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
     lines = [
         f"{s['pdb_file']} ({','.join(s['chains'])}): {s['labelled']} labelled; cross-validated Spearman: "
         f"start {s['spearman_start']}, adapted {s['spearman_adapted']}, augmented ridge "
-        f"{s['spearman_augmented_ridge']}, augmented ridge on the final model {s['spearman_final_ridge']}"
+        f"{s['spearman_augmented_ridge']}"
         for s in report["structures"]
     ]
     outcome = (
@@ -549,7 +532,7 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
     lines.append(
         f"Done: cross-validated Spearman {report['cv_spearman_adapted']} "
         f"(start {report['cv_spearman_start']}, augmented ridge {report['cv_spearman_augmented_ridge']}, "
-        f"{report['cv_folds']} folds grouped by position); {outcome}; augmented ridge on its score "
-        f"{report['cv_spearman_final_ridge']}: {report['final_ridge']} (dpo_inv.score --ridge)"
+        f"{report['cv_folds']} folds grouped by position); {outcome}, augmented ridge on its score to "
+        f"{report['final_ridge']} (dpo_inv.score --ridge)"
     )
     return lines
