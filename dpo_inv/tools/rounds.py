@@ -30,7 +30,7 @@ from dpo_inv.training.launch import say
 from dpo_inv.training.loading import load_data
 from dpo_inv.training.output_lock import output_lock
 from dpo_inv.training.plot import plot_rounds
-from dpo_inv.training.stopping import TrainingStopped
+from dpo_inv.training.stopping import TrainingStopped, ending
 from dpo_inv.training.trainer import fit, load_models, model_overrides, start_job
 
 
@@ -359,7 +359,7 @@ def run_rounds(
     )
     accelerator.init_trackers(config.run_name, config=config.to_sanitized_dict())
     offset = sum(line["train_steps"] for line in finished)
-    try:
+    with ending(accelerator):
         for k in range(start, config.num_rounds):
             sampled = sampling_pass(accelerator, config, policy, targets, k, reward)
             train_file, num_records = training_file(accelerator, config, sampled)
@@ -376,5 +376,3 @@ def run_rounds(
             record(accelerator, config, summary(sampled, num_records, fitted.steps))
         last = sampling_pass(accelerator, config, policy, targets, config.num_rounds, reward)
         record(accelerator, config, summary(last, None, 0))
-    finally:
-        accelerator.end_training()

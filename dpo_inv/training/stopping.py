@@ -8,7 +8,8 @@ import signal
 import sys
 import threading
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
 
@@ -83,6 +84,26 @@ def diverged(output_dir: Path, step: int, in_a_row: int) -> TrainingStopped:
         "run keeps its learning-rate schedule; to lower the learning rate, start a new run)",
         EXIT_NONFINITE,
     )
+
+
+@contextmanager
+def ending(accelerator: Accelerator) -> Iterator[None]:
+    """End the job's trackers and, unless every rank stopped together (TrainingStopped, DataError), the
+    process group (`accelerator.end_training()`). A stop leaves the group to `run_job`, which leaves it
+    with every rank once rank 0 has said why: destroyed without that barrier, a rank could exit while
+    gloo's threads still release the last collective's tensors, and abort."""
+    stopped = False
+    try:
+        yield
+    except (TrainingStopped, DataError):
+        stopped = True
+        raise
+    finally:
+        if stopped:
+            for tracker in accelerator.trackers:
+                tracker.finish()
+        else:
+            accelerator.end_training()
 
 
 def leave_process_group() -> None:

@@ -46,7 +46,7 @@ from dpo_inv.training.loading import RunData, load_data, precompute_reference, s
 from dpo_inv.training.objective import metric_columns, step_metrics, summarize
 from dpo_inv.training.output_lock import output_lock
 from dpo_inv.training.plot import plot
-from dpo_inv.training.stopping import StopSignals, diverged, interrupted
+from dpo_inv.training.stopping import StopSignals, diverged, ending, interrupted
 
 
 def build_accelerator(config: DPOConfig, **options: Any) -> tuple[Accelerator, str]:
@@ -532,8 +532,6 @@ def train(
         reference_name = "none" if config.reference_free else reference_name
         say(accelerator, f"Policy {config.model_name_or_path}; reference {reference_name}")
         accelerator.init_trackers(config.run_name, config=config.to_sanitized_dict())
-        try:
+        with ending(accelerator):
             fitted = fit(accelerator, config, model, reference, data, setup)
-        finally:
-            accelerator.end_training()
     return TrainOutput(fitted.model.eval(), {**fitted.train_metrics, **fitted.eval_metrics})
