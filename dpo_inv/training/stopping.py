@@ -88,22 +88,22 @@ def diverged(output_dir: Path, step: int, in_a_row: int) -> TrainingStopped:
 
 @contextmanager
 def ending(accelerator: Accelerator) -> Iterator[None]:
-    """End the job's trackers and, unless every rank stopped together (TrainingStopped, DataError), the
-    process group (`accelerator.end_training()`). A stop leaves the group to `run_job`, which leaves it
-    with every rank once rank 0 has said why: destroyed without that barrier, a rank could exit while
-    gloo's threads still release the last collective's tensors, and abort."""
-    stopped = False
+    """End the job's trackers and leave the process group (`accelerator.end_training()`), every rank
+    together when they all ended well. On a stop that every rank takes (TrainingStopped, DataError) only
+    the trackers end: `run_job` leaves the group once rank 0 has said why. Left without a barrier, a rank
+    could reach interpreter shutdown while gloo's threads still release the last collective's tensors,
+    and abort."""
     try:
         yield
     except (TrainingStopped, DataError):
-        stopped = True
+        for tracker in accelerator.trackers:
+            tracker.finish()
         raise
-    finally:
-        if stopped:
-            for tracker in accelerator.trackers:
-                tracker.finish()
-        else:
-            accelerator.end_training()
+    except BaseException:
+        accelerator.end_training()
+        raise
+    accelerator.wait_for_everyone()
+    accelerator.end_training()
 
 
 def leave_process_group() -> None:
