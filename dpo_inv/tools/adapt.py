@@ -307,33 +307,32 @@ class Choice:
 
 def cross_validate(
     model: ProteinMPNN, sets: list[VariantSet], folds: list[np.ndarray], config: AdaptConfig
-) -> tuple[list[Choice], dict[tuple[int, float], dict[int, list[np.ndarray]]]]:
+) -> tuple[list[Choice], dict[float, dict[int, list[np.ndarray]]]]:
     """Every (learning rate, length) of the grid, scored by the mean per-structure Spearman of its
-    out-of-fold `delta_logp`, and every record's `delta_logp` under each (fold, learning rate, length)'s
-    model; the (fold, learning rate) jobs are shared out over the processes."""
+    out-of-fold `delta_logp`; the (fold, learning rate) jobs are shared out over the processes."""
     state = PartialState()
     jobs = [(k, lr) for k in range(config.num_folds) for lr in config.learning_rates]
     mine = {}
     for k, lr in jobs[state.process_index :: state.num_processes]:
         train = [fold != k for fold in folds]
-        mine[(k, lr)] = train_head(model, sets, train, lr, config.max_steps, config)[1]
+        _, deltas = train_head(model, sets, train, lr, config.max_steps, config)
+        mine[(k, lr)] = {
+            step: [d[fold == k] for d, fold in zip(values, folds, strict=True)]
+            for step, values in deltas.items()
+        }
     results = {key: value for part in gather_object([mine]) for key, value in part.items()}
+    out_of_fold: dict[float, dict[int, list[np.ndarray]]] = {}
     grid = []
     for lr in config.learning_rates:
+        out_of_fold[lr] = {}
         for steps in config.max_steps:
-            values = out_of_fold([results[(k, lr)][steps] for k in range(config.num_folds)], folds)
+            values = [np.zeros(len(s.records)) for s in sets]
+            for k in range(config.num_folds):
+                for values_k, part, fold in zip(values, results[(k, lr)][steps], folds, strict=True):
+                    values_k[fold == k] = part
+            out_of_fold[lr][steps] = values
             grid.append(Choice(lr, steps, mean_spearman(values, sets)[0]))
-    return grid, results
-
-
-def out_of_fold(by_fold: Sequence[Sequence[np.ndarray]], folds: Sequence[np.ndarray]) -> list[np.ndarray]:
-    """Each record's value under the model of the fold it was held out of (``by_fold[k][i]``: set i's
-    values under fold k's model)."""
-    values = [np.zeros(len(fold)) for fold in folds]
-    for k, parts in enumerate(by_fold):
-        for values_i, part, fold in zip(values, parts, folds, strict=True):
-            values_i[fold == k] = part[fold == k]
-    return values
+    return grid, out_of_fold
 
 
 def fold_sets(sets: Sequence[VariantSet], num_folds: int, seed: int) -> list[np.ndarray]:
@@ -367,12 +366,11 @@ def choose_and_train(model: ProteinMPNN, sets: list[VariantSet], config: AdaptCo
     """Cross-validate the grid, then train on every label with the best configuration; the starting model
     is kept with too few labels or no cross-validated gain."""
     folds = fold_sets(sets, config.num_folds, config.seed)
-    grid, deltas = cross_validate(model, sets, folds, config)
+    grid, out_of_fold = cross_validate(model, sets, folds, config)
     best = max(grid, key=lambda c: (c.spearman, -c.max_steps))
-    by_fold = [deltas[(k, best.learning_rate)][best.max_steps] for k in range(config.num_folds)]
     start_mean, start = mean_spearman([s.reference.cpu().numpy() for s in sets], sets)
     ridge_mean, ridge = mean_spearman(ridge_out_of_fold(sets, folds, config.seed), sets)
-    _, adapted = mean_spearman(out_of_fold(by_fold, folds), sets)
+    _, adapted = mean_spearman(out_of_fold[best.learning_rate][best.max_steps], sets)
     count = sum(len(s.records) for s in sets)
     if count < config.min_labels:
         decision = f"kept the starting model: {count} labelled sequences, fewer than --min_labels "
@@ -419,10 +417,9 @@ def adapt_model(model: ProteinMPNN, data: Data, config: AdaptConfig) -> tuple[Pr
     result = choose_and_train(model, sets, config)
     final = Path(config.output_dir) / "final"
     ridge_file = Path(config.output_dir) / RIDGE_FILE
-    augmented = fit_augmented_ridge(result.model, sets, loaded, config)
     if state.is_main_process:
         result.model.save_pretrained(final)
-        augmented.save(ridge_file)
+        fit_augmented_ridge(result.model, sets, loaded, config).save(ridge_file)
     structures = []
     for start, adapted, ridge in zip(result.start, result.adapted, result.ridge, strict=True):
         structure = loaded.structures[start["structure_id"]]
