@@ -38,6 +38,17 @@ def gunzip(path: Path, directory: Path) -> Path:
     return target
 
 
+# System programs some tests run, and what installs them: such a test skips, saying so, where one is missing
+PROGRAMS = {"mpiexec": "MPICH's mpiexec (.ci/run installs it: apt-get install mpich)",
+            "g++": "a C++ compiler for torch.compile's CPU code (apt-get install g++)"}  # fmt: skip
+
+
+def needs_program(name: str) -> None:
+    """Skip the calling test, naming what to install, when the system program ``name`` is missing."""
+    if shutil.which(name) is None:
+        pytest.skip(f"no {name} on this machine: needs {PROGRAMS[name]}")
+
+
 @pytest.fixture
 def cache_dir(tmp_path: Path) -> Path:
     return tmp_path / "cache"

@@ -4,14 +4,13 @@ one-process run with the same global batch."""
 import json
 import os
 import re
-import shutil
 import socket
 import subprocess
 import sys
 
 import pytest
 import torch
-from conftest import ROOT, stability_rows
+from conftest import ROOT, needs_program, stability_rows
 from test_train import metrics, run, small_pairs, weights
 
 PY = sys.executable
@@ -47,6 +46,7 @@ def launchers(port: str) -> dict[str, tuple[tuple[str, ...], dict[str, str]]]:
     }  # fmt: skip
 
 
+LAUNCHERS_ON_MPIEXEC = ("mpiexec", "aurora_script")
 COMMON = ("--max_steps", "4", "--learning_rate", "3e-4", "--warmup_steps", "0", "--logging_steps", "1",
           "--eval_steps", "4", "--per_device_eval_batch_size", "2", "--seed", "5", "--log_data_order",
           "--eval_split", "0")  # fmt: skip
@@ -73,8 +73,8 @@ def data_order(output) -> list[list[list[int]]]:
 
 @pytest.mark.parametrize("name", list(launchers("0")))
 def test_two_processes_match_one_process_with_the_same_global_batch(tmp_path, single_process, name):
-    if name in ("mpiexec", "aurora_script") and shutil.which("mpiexec") is None:
-        pytest.skip("no mpiexec on this machine (.ci/run installs MPICH)")
+    if name in LAUNCHERS_ON_MPIEXEC:
+        needs_program("mpiexec")
     train, evaluation, variants, single = single_process
     command, extra_env = launchers(free_port())[name]
     output = tmp_path / "out"

@@ -10,7 +10,6 @@ the launch variables and threads the run settled on."""
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -18,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, Background
+from conftest import ROOT, Background, needs_program
 from test_distributed import free_port
 from test_train import env, metrics, run, small_pairs, weights
 
@@ -129,8 +128,6 @@ def probed(tmp_path: Path) -> list[dict]:
 
 def hydra_version() -> str:
     """What `mpiexec --version` says; MPICH's hydra names itself."""
-    if shutil.which("mpiexec") is None:
-        return ""
     return subprocess.run(["mpiexec", "--version"], capture_output=True, text=True).stdout
 
 
@@ -208,8 +205,9 @@ def test_mpiexec_on_two_pbs_nodes_with_pals_variables(tmp_path, single_process, 
     in $PBS_NODEFILE, which hydra reads): `mpiexec -n 4 -ppn 2 PYTHON -m dpo_inv.run ...`, PYTHON a wrapper
     exporting what PALS exports. Hydra starts both nodes' ranks with fork (HYDRA_LAUNCHER), not ssh; without
     PBS_JOBID, as PALS's --cpu-bind is not hydra's. Local ranks 0, 1, 0, 1, as on Aurora's 12 per node."""
+    needs_program("mpiexec")
     if "HYDRA" not in hydra_version():
-        pytest.skip("no MPICH (hydra) mpiexec on this machine (.ci/run installs MPICH)")
+        pytest.skip("this mpiexec is not MPICH's (hydra): needs apt-get install mpich")
     train, single = single_process
     nodefile, wrapper = tmp_path / "nodefile", tmp_path / "pals_python"
     nodefile.write_text("localhost\n127.0.0.1\n")

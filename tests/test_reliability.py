@@ -17,9 +17,9 @@ from pathlib import Path
 import psutil
 import pytest
 import torch
-from conftest import ROOT, Background
+from conftest import ROOT, Background, needs_program
 from safetensors.torch import load_file
-from test_distributed import free_port, launchers
+from test_distributed import LAUNCHERS_ON_MPIEXEC, free_port, launchers
 from test_train import env, metrics, run, small_pairs, weights
 
 from dpo_inv.models.weights import _packaged_path, load_model
@@ -348,6 +348,8 @@ def test_a_full_disk_while_saving_ends_the_run_in_one_line_with_the_previous_che
 @pytest.mark.parametrize("launcher", ["torchrun", "accelerate", "mpiexec"])
 def test_a_killed_rank_ends_the_whole_job_within_ddp_timeout(tmp_path, start, launcher):
     """SIGKILL (what the OOM killer sends) to rank 1 mid-run: its launcher ends the job, and says which."""
+    if launcher in LAUNCHERS_ON_MPIEXEC:
+        needs_program("mpiexec")
     command, extra_env = launchers(free_port())[launcher]
     output = tmp_path / "out"
     job = start(output, "--train_file", str(small_pairs(tmp_path)), "--max_steps", "500", *ARGS,

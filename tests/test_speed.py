@@ -16,7 +16,7 @@ from dataclasses import replace
 import pytest
 import torch
 from accelerate.state import AcceleratorState
-from conftest import SHARED_DATA
+from conftest import SHARED_DATA, needs_program
 from test_train import small_pairs
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.data import DataLoader
@@ -147,6 +147,7 @@ def test_dataloader_workers_give_the_same_batches_and_loss(data, policy, referen
 def test_torch_compile_matches_eager_when_the_batch_shape_changes(data, policy, reference, accelerator_for):
     """The trainer's regional compilation with dynamic shapes: loss and every gradient as eager, for batches
     whose size and length change as length-grouped batches do (a whole training run: test_train)."""
+    needs_program("g++")
     accelerator = accelerator_for(replace(CONFIG, torch_compile=True))
     compiled = accelerator.prepare(copy.deepcopy(policy))
     assert isinstance(compiled.encoder_layers[0], torch._dynamo.eval_frame.OptimizedModule)

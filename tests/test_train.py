@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import EXAMPLE, ROOT, SHARED_DATA
+from conftest import EXAMPLE, ROOT, SHARED_DATA, needs_program
 from safetensors.torch import load_file
 
 from dpo_inv.data.batches import PreferenceDataset, collate
@@ -180,6 +180,7 @@ def test_precomputed_reference_log_probs_give_the_same_training(tmp_path):
 def test_torch_compile_trains_as_eager_and_saves_plain_models(tmp_path):
     """The trainer's regional torch.compile: the same losses and weights, and saved models without the
     compiler's wrappers in their parameter names."""
+    needs_program("g++")
     args = ("--train_file", str(small_pairs(tmp_path, limit=4)), "--eval_split", "0", "--max_steps", "2",
             "--per_device_train_batch_size", "2", "--learning_rate", "3e-4", "--warmup_steps", "0",
             "--logging_steps", "1")  # fmt: skip
