@@ -11,6 +11,8 @@ The Python API, each function doing what the command of the same name does:
     pairs = dpo_inv.make_pairs(scored_designs, strategy="best_vs_worst")  # python -m dpo_inv.pairs
     history = dpo_inv.rounds(rounds_config, reward=my_function)      # python -m dpo_inv.rounds
     adapted, report = dpo_inv.adapt(my_variants, model)             # python -m dpo_inv.adapt
+    summary = dpo_inv.propose("campaigns/my_protein", structure="my.pdb", positions="A:39,40")
+                                                                     # python -m dpo_inv.propose
 
 Data may be a file path, a list of dicts, a pandas DataFrame or a `datasets.Dataset`; bad records raise
 `DataError` (a `ValueError`), one line per record. See docs/python.md.
@@ -24,6 +26,7 @@ from dpo_inv.models.mpnn import ProteinMPNN
 from dpo_inv.models.weights import load_model
 from dpo_inv.tools.adapt import AdaptOutput, adapt
 from dpo_inv.tools.pairs import make_pairs
+from dpo_inv.tools.propose import propose
 from dpo_inv.tools.rounds import RoundsConfig, rounds
 from dpo_inv.tools.sample import sample
 from dpo_inv.tools.score import score
@@ -41,6 +44,7 @@ __all__ = [
     "adapt",
     "load_model",
     "make_pairs",
+    "propose",
     "rounds",
     "sample",
     "score",
@@ -49,8 +53,9 @@ __all__ = [
 
 
 class _Package(types.ModuleType):
-    """Importing a command module (`dpo_inv.score`, `sample`, `rounds`, `adapt`) leaves `dpo_inv.score`
-    and the others the functions of the API: the import system would set the module in their place."""
+    """Importing a command module (`dpo_inv.score`, `sample`, `rounds`, `adapt`, `propose`) leaves
+    `dpo_inv.score` and the others the functions of the API: the import system would set the module in
+    their place."""
 
     def __setattr__(self, name: str, value: object) -> None:
         if not (name in __all__ and isinstance(value, types.ModuleType)):

@@ -16,6 +16,7 @@ COMMANDS = {
     "pairs": "dpo_inv.pairs",
     "rounds": "dpo_inv.rounds",
     "adapt": "dpo_inv.adapt",
+    "propose": "dpo_inv.propose",
 }
 
 

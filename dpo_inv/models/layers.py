@@ -197,6 +197,15 @@ class DecLayer(NodeLayer):
         pre = F.linear(h_E, W_e) + F.linear(h_S_j, W_s) + F.linear(h_V_j, W_j)
         return self._update(gather_sample_nodes(h_V, positions), pre, gather_nodes(enc.mask, positions))
 
+    def update_gathered(self, h_V: Tensor, h_E: Tensor, h_S_j: Tensor, h_V_j: Tensor, mask: Tensor) -> Tensor:
+        """New states ``[N, H]`` of N nodes from their states ``h_V [N, H]``, edges ``h_E [N, K, H]`` and
+        their neighbours' token embeddings ``h_S_j`` (zero where not seen) and states ``h_V_j`` (the
+        encoder's where not seen), ``[N, K, H]``; ``mask [N]``."""
+        H = h_V.shape[-1]
+        _, W_e, W_s, W_j = self.W1.weight.split([H, h_E.shape[-1], h_S_j.shape[-1], H], dim=1)
+        pre = F.linear(h_E, W_e) + F.linear(h_S_j, W_s) + F.linear(h_V_j, W_j)
+        return self._update(h_V[None, None], pre.transpose(0, 1)[None, None], mask[None, None])[0, 0]
+
     def _update(self, h_V: Tensor, pre: Tensor, mask: Tensor) -> Tensor:
         """New states from the states ``h_V [B, Q, N, H]`` and the neighbour blocks of the first linear layer.
 

@@ -163,6 +163,7 @@ def variant_sets(
             torch.tensor(value),
             (len(group.records), len(positions) * vocab),
             device=device,
+            check_invariants=False,
         ).coalesce()
         variant_set = VariantSet(
             group.structure_id,

@@ -276,6 +276,7 @@ class Design:
     example: dict[str, Any]
     tied: np.ndarray  # each position's tie head (its own index when not tied)
     num_context_atoms: int = 0
+    residue_numbers: list[tuple[str, str]] = field(default_factory=list)  # (chain, author number) designed
 
 
 def prepare_design(
@@ -341,7 +342,8 @@ def prepare_design(
     }
     context = context_atoms(structure, options)
     example |= {"context_xyz": context.xyz.reshape(-1), "context_element": context.element}
-    return Design(path, structure_name(path), design, lengths, example, tied, len(context))
+    numbers = [(c, number) for c in design for number in chains[c].numbers]
+    return Design(path, structure_name(path), design, lengths, example, tied, len(context), numbers)
 
 
 def sample_structure(

@@ -1,0 +1,60 @@
+"""Measurements that come back from the lab: a variant and a number per row, in CSV (or any format
+`load_records` reads). The variant is `mutations` (`V39F:D40W`), ProteinGym's `mutant`, or the full
+`sequence` (ProteinGym's `mutated_sequence`); the number is `value`, ProteinGym's `DMS_score`, or the column
+named by ``value_field``."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from dpo_inv.data.records import DataError, load_records
+
+VARIANT_FIELDS = ("mutations", "mutant", "sequence", "mutated_sequence")
+VALUE_FIELDS = ("value", "DMS_score")
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """One measured variant: as written (``kind`` is `mutations` or `sequence`), its value, where it is."""
+
+    variant: str
+    kind: str
+    value: float
+    location: str
+
+
+def read_measurements(path: str | Path, value_field: str | None = None) -> list[Measurement]:
+    """Every row of ``path``; a file without a variant or value column, or a row without a finite value, is
+    a `DataError` naming the file (and the row)."""
+    records = load_records(str(path))
+    columns = {key for record in records for key in (record.data or {})}
+    variant_field = next((f for f in VARIANT_FIELDS if f in columns), None)
+    value_fields = (value_field,) if value_field else VALUE_FIELDS
+    found_value = next((f for f in value_fields if f in columns), None)
+    if variant_field is None or found_value is None:
+        missing = "a variant column (" + ", ".join(VARIANT_FIELDS) + ")" if variant_field is None else ""
+        if found_value is None:
+            missing += (" and " if missing else "") + f"a value column ({', '.join(value_fields)})"
+        raise DataError(
+            f"{path}: no {missing} among its columns ({', '.join(sorted(columns)) or 'none'}): write "
+            "variant,value rows such as mutations,value / V39F:D40W,0.8 (ProteinGym's mutant,DMS_score too)"
+        )
+    kind = "sequence" if variant_field in ("sequence", "mutated_sequence") else "mutations"
+    measured, errors = [], []
+    for record in records:
+        row = record.data or {}
+        value = row.get(found_value)
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            number = math.nan
+        if isinstance(value, bool) or not math.isfinite(number):
+            errors.append(f"{record.location}: {found_value} must be a finite number, got {value!r}")
+            continue
+        text = row.get(variant_field)
+        measured.append(Measurement("" if text is None else str(text), kind, number, record.location))
+    if errors:
+        raise DataError(errors[0] + (f" (and {len(errors) - 1} more rows)" if len(errors) > 1 else ""))
+    return measured

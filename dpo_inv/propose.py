@@ -1,0 +1,39 @@
+"""`python -m dpo_inv.propose --campaign DIR ...`: the next batch of variants to make (`dpo-inv propose`).
+
+    python -m dpo_inv.propose --campaign campaigns/trpb --structure 5DVZ_A.pdb.gz --chain_id A \\
+        --positions "A:182,183,226,227" --max_mutations 4 --batch_size 96
+
+The first call starts the campaign: DIR/campaign.json keeps its design space and model, and DIR/round_1
+gets the batch, `proposals.csv` (rank, mutations such as `V39F:D40W` in author numbering, sequence,
+predicted value, uncertainty, the model's zero-shot joint delta_logp, what picked it) and
+`proposals.fasta`. Put what the lab measured in DIR/round_1/measurements.csv (`mutations,value`, or
+ProteinGym's `mutant,DMS_score`; controls that were not proposed are welcome) and call again with
+`--campaign DIR` alone: the ensemble predictor is fitted on every measurement so far and round_2 is written.
+Measurements made before the campaign: `--measurements FILE` (kept as DIR/round_0/measurements.csv).
+A summary JSON line goes to stdout.
+"""
+
+from __future__ import annotations
+
+import json
+
+import datasets
+
+from dpo_inv.structures.parse import StructureError
+from dpo_inv.tools.propose import ProposeConfig, propose_round
+from dpo_inv.training.config import command_parser, exit_bad_input, parse_command
+
+
+def main(args: list[str] | None = None) -> None:
+    parser = command_parser(ProposeConfig, "python -m dpo_inv.propose", __doc__)
+    (config,) = parse_command(parser, args)
+    datasets.disable_progress_bars()
+    try:
+        summary = propose_round(config)
+    except (StructureError, ValueError, OSError) as err:
+        exit_bad_input(parser, str(err))
+    print(json.dumps(summary))
+
+
+if __name__ == "__main__":
+    main()

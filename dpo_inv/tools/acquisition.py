@@ -1,0 +1,104 @@
+"""What to measure next: an ensemble predictor of the measured value and the rule that picks a batch.
+
+The predictor is ridge regression on the residues at the positions a campaign varies (one-hot), their pairs
+(one-hot of each pair of positions: the epistasis a four-site library is made of) and the model's zero-shot
+score as one more, unpenalised feature; `members` fits on bootstrap resamples of the measurements give a mean
+and a spread. The batch is the B candidates not yet measured with the highest draw: Thompson sampling
+(each candidate's value drawn from one member), UCB (mean + spread) or greedy (mean).
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+from dpo_inv.tools.ridge import fit_ridge, fit_ridge_cv
+
+Acquisition = Literal["thompson", "ucb", "greedy"]
+MAX_PAIR_POSITIONS = 12  # pair features only where the measured variants vary at most this many positions
+
+
+@dataclass(frozen=True)
+class VariantColumns:
+    """Column indices of the one-hot (and pair) features of variants at ``positions``."""
+
+    positions: np.ndarray
+    pairwise: bool
+    vocab: int = 21
+
+    @property
+    def num_features(self) -> int:
+        m, v = len(self.positions), self.vocab
+        return m * v + (m * (m - 1) // 2 * v * v if self.pairwise else 0)
+
+    def columns(self, variants: np.ndarray) -> np.ndarray:
+        """``[R, F]`` the feature columns set to 1 for each variant (``[R, L]`` tokens)."""
+        tokens = variants[:, self.positions]
+        m, v = tokens.shape[1], self.vocab
+        columns = [k * v + tokens[:, k] for k in range(m)]
+        if self.pairwise:
+            offset = m * v
+            for a, b in itertools.combinations(range(m), 2):
+                columns.append(offset + tokens[:, a] * v + tokens[:, b])
+                offset += v * v
+        return np.stack(columns, 1)
+
+    def dense(self, variants: np.ndarray) -> np.ndarray:
+        features = np.zeros((len(variants), self.num_features))
+        np.put_along_axis(features, self.columns(variants), 1.0, 1)
+        return features
+
+
+@dataclass(frozen=True)
+class Ensemble:
+    """Ridge models fitted on bootstrap resamples: ``weights [E, F + 1]`` (the score's last) and
+    ``intercepts [E]``."""
+
+    columns_of: VariantColumns
+    weights: np.ndarray
+    intercepts: np.ndarray
+    score_scale: float
+
+    def predict(self, variants: np.ndarray, scores: np.ndarray) -> np.ndarray:
+        """``[E, R]``: each member's prediction for each variant."""
+        columns = self.columns_of.columns(variants)
+        out = np.empty((len(self.weights), len(variants)))
+        for e, (weights, intercept) in enumerate(zip(self.weights, self.intercepts, strict=True)):
+            out[e] = weights[:-1][columns].sum(1) + weights[-1] * scores / self.score_scale + intercept
+        return out
+
+
+def fit_ensemble(variants: np.ndarray, values: np.ndarray, scores: np.ndarray, parent: np.ndarray,
+                 members: int = 10, seed: int = 0, pairwise: bool = True) -> Ensemble:  # fmt: skip
+    """Fit the ensemble on measured ``variants [N, L]`` with ``values [N]`` (higher = better) and their
+    zero-shot ``scores [N]``; the penalty is chosen once by cross-validation on all of them."""
+    varied = np.flatnonzero((variants != parent[None, :]).any(0))
+    columns_of = VariantColumns(varied, pairwise and 1 < len(varied) <= MAX_PAIR_POSITIONS)
+    scale = float(np.std(scores)) or 1.0
+    features = np.hstack([columns_of.dense(variants), (scores / scale)[:, None]])
+    alpha = fit_ridge_cv(features, values, 1, seed).alpha
+    rng = np.random.default_rng(seed)
+    weights, intercepts = [], []
+    for _ in range(members):
+        rows = rng.integers(len(values), size=len(values))
+        ridge = fit_ridge(features[rows], values[rows], alpha, 1)
+        weights.append(ridge.weights)
+        intercepts.append(ridge.intercept)
+    return Ensemble(columns_of, np.array(weights), np.array(intercepts), scale)
+
+
+def acquisition_values(predictions: np.ndarray, rule: Acquisition, seed: int = 0) -> np.ndarray:
+    """What the batch is chosen by, from the members' predictions ``[E, R]``."""
+    if rule == "thompson":
+        draw = np.random.default_rng(seed).integers(len(predictions), size=predictions.shape[1])
+        return predictions[draw, np.arange(predictions.shape[1])]
+    mean = predictions.mean(0)
+    return mean + predictions.std(0) if rule == "ucb" else mean
+
+
+def top_batch(values: np.ndarray, batch: int) -> np.ndarray:
+    """Indices of the ``batch`` highest ``values``, best first (ties: the earlier candidate)."""
+    return np.argsort(-values, kind="stable")[:batch]

@@ -1,0 +1,114 @@
+"""A design space: the parent sequence, the positions that may change and to what, at most k mutations; its
+candidates as token arrays, and mutations named as a lab names them (`V39F:D40W`, author numbering)."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from dpo_inv.structures.parse import ALPHABET, AMINO_ACIDS
+
+MUTATION = re.compile(r"^([A-Z])([A-Za-z]?)(-?\d+[A-Za-z]?)([A-Z])$")
+MAX_CANDIDATES = (
+    2_000_000  # enumerated candidates; a larger space is sampled (dpo_inv.sample --max_mutations)
+)
+
+
+@dataclass(frozen=True)
+class DesignSpace:
+    """The parent (tokens of the designed chains, in order), where it may change and to what.
+
+    ``numbers`` name each designed position by chain and author number; a mutation is written
+    `{parent}{number}{amino acid}` (`V39F`) with one designed chain, `{parent}{chain}{number}{amino acid}`
+    (`VA39F`, FoldX's form) with several; several are joined by `:` as ProteinGym joins them."""
+
+    parent: np.ndarray  # [L] tokens
+    numbers: list[tuple[str, str]]  # (chain, author number) of each position
+    positions: np.ndarray  # indices of the positions that may change, sorted
+    allowed: list[np.ndarray]  # per position of `positions`, the tokens allowed there (the parent's left out)
+    max_mutations: int
+
+    def label(self, index: int) -> str:
+        chain, number = self.numbers[index]
+        return number if len({c for c, _ in self.numbers}) == 1 else f"{chain}{number}"
+
+    def mutations(self, variant: np.ndarray) -> str:
+        """The variant's mutations from the parent, `V39F:D40W` (empty for the parent)."""
+        changed = np.flatnonzero(variant != self.parent)
+        return ":".join(f"{ALPHABET[self.parent[i]]}{self.label(i)}{ALPHABET[variant[i]]}" for i in changed)
+
+    def parse(self, mutations: str, where: str) -> np.ndarray:
+        """Tokens of the variant named by `mutations` (`V39F:D40W`; empty, `WT` or `_wt` for the parent);
+        a `ValueError` prefixed with ``where`` names what is wrong."""
+        variant = self.parent.copy()
+        text = mutations.strip()
+        if text.upper() in ("", "WT", "_WT"):
+            return variant
+        index = {self.label(i): i for i in range(len(self.parent))}
+        for item in text.split(":"):
+            match = MUTATION.match(item.strip())
+            if match is None:
+                raise ValueError(f"{where}: {item!r} is not a mutation such as V39F (parent, number, new)")
+            name = f"{match[2]}{match[3]}" if match[2] else match[3]
+            if name not in index:
+                raise ValueError(
+                    f"{where}: {item!r}: no designed residue {name} (author numbering of "
+                    f"the designed residues: {self.label(0)}..{self.label(len(self.parent) - 1)})"
+                )
+            i = index[name]
+            if ALPHABET[self.parent[i]] != match[1]:
+                raise ValueError(
+                    f"{where}: {item!r}: the parent has {ALPHABET[self.parent[i]]} at {name}, not {match[1]}"
+                )
+            variant[i] = ALPHABET.index(match[4])
+        return variant
+
+    def size(self) -> int:
+        """How many variants the space holds (the parent included)."""
+        counts = [len(a) for a in self.allowed]
+        return sum(
+            math.prod(combo)
+            for k in range(self.max_mutations + 1)
+            for combo in itertools.combinations(counts, k)
+        )
+
+    def enumerate(self) -> np.ndarray:
+        """Every variant of the space but the parent, ``[R, L]`` tokens."""
+        rows = []
+        for k in range(1, self.max_mutations + 1):
+            for chosen in itertools.combinations(range(len(self.positions)), k):
+                grid = np.array(list(itertools.product(*(self.allowed[c] for c in chosen))), dtype=np.int64)
+                block = np.repeat(self.parent[None, :], len(grid), 0)
+                block[:, self.positions[list(chosen)]] = grid
+                rows.append(block)
+        return np.concatenate(rows) if rows else np.zeros((0, len(self.parent)), dtype=np.int64)
+
+
+def parse_allowed(spec: str, positions: Sequence[str]) -> dict[str, str]:
+    """``--allowed_aas``: ``"ACDE"`` for every position, or ``"39:AVILM 40:FWY"`` per position (author
+    numbers; positions not named allow every amino acid)."""
+    spec = spec.strip()
+    if not spec:
+        return {}
+    if ":" not in spec:
+        letters = spec.replace(",", "").upper()
+        check_letters(letters, spec)
+        return {p: letters for p in positions}
+    allowed = {}
+    for item in spec.split():
+        number, _, letters = item.partition(":")
+        letters = letters.upper()
+        check_letters(letters, item)
+        allowed[number] = letters
+    return allowed
+
+
+def check_letters(letters: str, spec: str) -> None:
+    bad = sorted(set(letters) - set(AMINO_ACIDS))
+    if not letters or bad:
+        raise ValueError(f"--allowed_aas: {spec!r}: give amino acids of {AMINO_ACIDS} (not {''.join(bad)})")

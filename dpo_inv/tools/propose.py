@@ -1,0 +1,351 @@
+"""Design campaigns: propose the next batch of variants to make from what has been measured so far.
+
+A campaign is one folder. `campaign.json` holds its design space (structure, chains, parent, positions,
+allowed amino acids, at most k mutations, or a list of candidates) and the model; `round_N/proposals.csv`
+and `round_N/proposals.fasta` each round's batch; `round_N/measurements.csv` what came back (any rows:
+controls that were never proposed too). Each call reads every measurement, fits the ensemble predictor of
+`dpo_inv.tools.acquisition` on them (over the model's zero-shot joint score) and writes the next round.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from dpo_inv.data.batches import collate, structure_inputs
+from dpo_inv.data.measurements import Measurement, read_measurements
+from dpo_inv.data.records import DataError, load_records, write_json, write_text
+from dpo_inv.models.combinations import joint_deltas, joint_plan
+from dpo_inv.models.mpnn import ProteinMPNN
+from dpo_inv.models.weights import as_model
+from dpo_inv.structures.parse import ALPHABET, AMINO_ACIDS, StructureError, tokenize
+from dpo_inv.tools.acquisition import acquisition_values, fit_ensemble, top_batch
+from dpo_inv.tools.design_space import MAX_CANDIDATES, DesignSpace, parse_allowed
+from dpo_inv.tools.sample import fixed_indices, parse_fixed_positions, prepare_design
+from dpo_inv.training.launch import resolve_device
+
+CAMPAIGN_FILE = "campaign.json"
+MIN_MEASURED = 8  # fewer measurements: the batch is the zero-shot score's best
+
+
+@dataclass
+class ProposeConfig:
+    campaign: str = field(metadata={"help": "The campaign folder (made by the first call)."})
+    structure: str | None = field(default=None, metadata={"help": "PDB/mmCIF file (first call)."})
+    chain_id: list[str] = field(default_factory=list, metadata={"help": "Designed chains (default: all)."})
+    positions: str = field(
+        default="",
+        metadata={"help": 'Positions that may change, in ProteinMPNN\'s syntax with author numbers: '
+                  '"A:39,40,54" (default: every designed position).'},
+    )  # fmt: skip
+    allowed_aas: str = field(
+        default="",
+        metadata={"help": 'Amino acids allowed: "AVILMFWY" everywhere or "39:AVILM 40:FWY" per position '
+                  "(default: all 20)."},
+    )  # fmt: skip
+    max_mutations: int = field(default=1, metadata={"help": "At most this many mutations from the parent."})
+    parent: str | None = field(
+        default=None, metadata={"help": "Mutations from the structure's sequence to the parent (V39F:D40W)."}
+    )
+    candidates: str | None = field(
+        default=None,
+        metadata={"help": "A file of candidate variants (mutations, mutant or sequence) instead of a space."},
+    )
+    model: str = field(
+        default="vanilla/v_48_020", metadata={"help": "Model name, .pt file or saved directory."}
+    )
+    measurements: str | None = field(
+        default=None, metadata={"help": "Measurements made before the campaign, copied into round_0."}
+    )
+    value_field: str | None = field(
+        default=None, metadata={"help": "The measurements' value column (default: value or DMS_score)."}
+    )
+    lower_is_better: bool = field(default=False, metadata={"help": "Lower values are better."})
+    batch_size: int = field(default=96, metadata={"help": "Variants to propose this round."})
+    acquisition: str = field(
+        default="thompson", metadata={"help": "thompson, ucb (mean + spread) or greedy (mean)."}
+    )
+    members: int = field(default=10, metadata={"help": "Ensemble members (bootstrap fits)."})
+    seed: int = field(default=0, metadata={"help": "Seed of the bootstrap and of Thompson draws."})
+    device: str | None = field(default=None, metadata={"help": "cpu, cuda, xpu, ...; default: the best."})
+
+    def __post_init__(self) -> None:
+        if self.acquisition not in ("thompson", "ucb", "greedy"):
+            raise ValueError(f"--acquisition {self.acquisition}: give thompson, ucb or greedy")
+        for name in ("max_mutations", "batch_size", "members"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"--{name} {getattr(self, name)}: give a positive number")
+
+
+# what campaign.json keeps from the first call: the design space and the model
+DESIGN_FIELDS = ("structure", "chain_id", "positions", "allowed_aas", "max_mutations", "parent", "candidates",
+                 "model", "value_field", "lower_is_better")  # fmt: skip
+
+
+def settle_campaign(config: ProposeConfig) -> ProposeConfig:
+    """The campaign's settings: written by the first call, read by the next; a design option given again
+    with another value is bad input."""
+    folder = Path(config.campaign)
+    path = folder / CAMPAIGN_FILE
+    defaults = ProposeConfig(campaign=config.campaign)
+    if not path.exists():
+        if config.structure is None:
+            raise ValueError(f"{folder}: no {CAMPAIGN_FILE} there: start the campaign with --structure")
+        saved = {name: getattr(config, name) for name in DESIGN_FIELDS}
+        for name in ("structure", "candidates"):
+            if saved[name] is not None:
+                saved[name] = str(Path(saved[name]).resolve())
+        if saved["model"] and Path(saved["model"]).exists():
+            saved["model"] = str(Path(saved["model"]).resolve())
+        write_json(path, saved)
+        return ProposeConfig(**{**asdict(config), **saved})
+    saved = json.loads(path.read_text())
+    for name in DESIGN_FIELDS:
+        given, default = getattr(config, name), getattr(defaults, name)
+        if given != default and name in ("structure", "candidates") and given is not None:
+            given = str(Path(given).resolve())
+        if given != default and given != saved[name]:
+            raise ValueError(
+                f"{path}: the campaign was started with {name} = {saved[name]!r}, not "
+                f"{getattr(config, name)!r}: keep the campaign's settings, or start another campaign folder"
+            )
+    return ProposeConfig(**{**asdict(config), **saved})
+
+
+def design_space(config: ProposeConfig) -> tuple[DesignSpace, dict[str, Any]]:
+    """The space of the campaign and the structure's `collate` example."""
+    design = prepare_design(Path(config.structure), config.chain_id, [], {})
+    parent_tokens = np.asarray(design.example["native"][: len(design.residue_numbers)]).copy()
+    space = DesignSpace(
+        parent_tokens, design.residue_numbers, np.zeros(0, np.int64), [], config.max_mutations
+    )
+    if config.parent:
+        parent_tokens = space.parse(config.parent, "--parent")
+    if config.positions:
+        starts = dict(zip(design.design_chains, np.cumsum([0, *design.chain_lengths]).tolist(), strict=False))
+        chains = {
+            c: _Chain(c, [n for cc, n in design.residue_numbers if cc == c]) for c in design.design_chains
+        }
+        positions = []
+        for chain_id, ranges in parse_fixed_positions([config.positions], "--positions").items():
+            if chain_id not in chains:
+                raise StructureError(f"{config.structure}: --positions: chain {chain_id!r} is not designed "
+                                     f"(designed: {', '.join(design.design_chains)})")  # fmt: skip
+            indices = fixed_indices(chains[chain_id], ranges, Path(config.structure), "--positions")
+            positions += [starts[chain_id] + i for i in indices]
+        positions = np.array(sorted(set(positions)), dtype=np.int64)
+    else:
+        positions = np.flatnonzero(np.asarray(design.example["mask"][: len(parent_tokens)]) > 0)
+    labels = [space.label(int(i)) for i in positions]
+    allowed_letters = parse_allowed(config.allowed_aas, labels)
+    unknown = sorted(set(allowed_letters) - set(labels))
+    if unknown:
+        raise ValueError(f"--allowed_aas: {', '.join(unknown)} not among --positions ({', '.join(labels)})")
+    allowed = [
+        np.array([t for t in (ALPHABET.index(a) for a in allowed_letters.get(label, AMINO_ACIDS))
+                  if t != parent_tokens[i]])
+        for label, i in zip(labels, positions, strict=True)
+    ]  # fmt: skip
+    if config.candidates is None and config.max_mutations > len(positions):
+        raise ValueError(
+            f"--max_mutations {config.max_mutations}: only {len(positions)} positions may change; give "
+            f"at most {len(positions)} or more --positions"
+        )
+    space = DesignSpace(parent_tokens, design.residue_numbers, positions, allowed, config.max_mutations)
+    return space, design.example
+
+
+@dataclass(frozen=True)
+class _Chain:
+    """What `fixed_indices` reads of a chain: its id and author numbers."""
+
+    chain_id: str
+    numbers: list[str]
+
+
+def measured_variants(space: DesignSpace, rows: list[Measurement]) -> tuple[np.ndarray, np.ndarray]:
+    """Tokens ``[N, L]`` and values of the measured variants, one per variant: the same variant with two
+    different values is bad input."""
+    seen: dict[bytes, tuple[float, str]] = {}
+    variants, values = [], []
+    for row in rows:
+        if row.kind == "sequence":
+            tokens = tokenize(row.variant.replace("/", "").replace(":", ""))
+            if len(tokens) != len(space.parent) or (tokens < 0).any():
+                raise DataError(
+                    f"{row.location}: the sequence has {len(tokens)} residues (or letters outside "
+                    f"{AMINO_ACIDS}); the designed chains have {len(space.parent)}"
+                )
+        else:
+            tokens = space.parse(row.variant, row.location)
+        key = tokens.tobytes()
+        if key in seen:
+            if seen[key][0] != row.value:
+                raise DataError(
+                    f"{row.location}: {row.variant or 'the parent'} measured {row.value:g} here and "
+                    f"{seen[key][0]:g} at {seen[key][1]}: keep one value per variant (average replicates)"
+                )
+            continue
+        seen[key] = (row.value, row.location)
+        variants.append(tokens)
+        values.append(row.value)
+    return np.array(variants, dtype=np.int64).reshape(-1, len(space.parent)), np.array(values)
+
+
+def rounds_of(folder: Path) -> list[int]:
+    return sorted(int(p.name.split("_")[1]) for p in folder.glob("round_*") if p.name.split("_")[1].isdigit())
+
+
+def read_campaign_measurements(folder: Path, config: ProposeConfig) -> list[Measurement]:
+    rows = []
+    for n in rounds_of(folder):
+        path = folder / f"round_{n}" / "measurements.csv"
+        if path.exists():
+            rows += read_measurements(path, config.value_field)
+    return rows
+
+
+def candidate_variants(space: DesignSpace, config: ProposeConfig) -> np.ndarray:
+    if config.candidates is not None:
+        rows = read_measurements_like(config.candidates)
+        return np.unique(measured_variants(space, rows)[0], axis=0)
+    size = space.size()
+    if size > MAX_CANDIDATES:
+        raise ValueError(
+            f"the design space holds {size:,} variants, more than {MAX_CANDIDATES:,} to score: lower "
+            "--max_mutations, narrow --positions or --allowed_aas, or give --candidates"
+        )
+    return space.enumerate()
+
+
+def read_measurements_like(path: str) -> list[Measurement]:
+    """Candidates: the variant column of a file, values optional."""
+    out = []
+    for record in load_records(path):
+        row = record.data or {}
+        name = next((f for f in ("mutations", "mutant", "sequence", "mutated_sequence") if f in row), None)
+        if name is None:
+            raise DataError(
+                f"{record.location}: no mutations, mutant or sequence column: name each candidate"
+            )
+        kind = "sequence" if "sequence" in name else "mutations"
+        out.append(Measurement(str(row[name] or ""), kind, 0.0, record.location))
+    return out
+
+
+@torch.no_grad()
+def zero_shot(model: ProteinMPNN, example: dict[str, Any], space: DesignSpace, variants: np.ndarray,
+              device: torch.device) -> np.ndarray:  # fmt: skip
+    """The model's joint `delta_logp` of each variant against the parent."""
+    batch = {k: v.to(device) for k, v in collate([example]).items()}
+    parent = torch.from_numpy(space.parent).to(device)
+    batch["rejected"] = parent.unsqueeze(0)
+    enc = model.encode(**structure_inputs(batch))
+    L = enc.h_V.shape[1]
+    plan = joint_plan(np.pad(space.parent, (0, L - len(space.parent))),
+                      np.pad(variants, ((0, 0), (0, L - len(space.parent)))), np.arange(L),
+                      model.config.vocab_size)  # fmt: skip
+    full_parent = torch.cat([parent, torch.as_tensor(example["native"][len(space.parent) :], device=device)])
+    return joint_deltas(model, enc, full_parent, plan).numpy().astype(np.float64)
+
+
+def propose_round(config: ProposeConfig, model: ProteinMPNN | None = None) -> dict[str, Any]:
+    """Write the campaign's next round; returns its summary (round, counts, where the files are)."""
+    start = time.time()
+    config = settle_campaign(config)
+    folder = Path(config.campaign)
+    if config.measurements:
+        round_0 = folder / "round_0" / "measurements.csv"
+        read_measurements(config.measurements, config.value_field)  # bad input before anything is copied
+        if not round_0.exists():
+            round_0.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(config.measurements, round_0)
+    done = rounds_of(folder)
+    last = max([n for n in done if n > 0], default=0)
+    if last and not (folder / f"round_{last}" / "measurements.csv").exists():
+        raise DataError(
+            f"{folder / f'round_{last}'}: its proposals await their measurements: write them to "
+            f"{folder / f'round_{last}' / 'measurements.csv'} (mutations,value), then propose again"
+        )
+    space, example = design_space(config)
+    rows = read_campaign_measurements(folder, config)
+    measured, values = measured_variants(space, rows)
+    values = -values if config.lower_is_better else values
+    candidates = candidate_variants(space, config)
+    if len(measured):
+        candidates = candidates[~np.isin(_keys(candidates), _keys(measured))]
+    if config.batch_size > len(candidates):
+        raise ValueError(
+            f"--batch_size {config.batch_size}: only {len(candidates)} candidates are left unmeasured; "
+            "propose fewer or widen the design space"
+        )
+    device = resolve_device(config.device)
+    model = (model or as_model(config.model)).to(device).eval()
+    scores = zero_shot(model, example, space, np.vstack([candidates, measured]), device)
+    candidate_scores, measured_scores = scores[: len(candidates)], scores[len(candidates) :]
+    if len(measured) >= MIN_MEASURED and np.ptp(values) > 0:
+        ensemble = fit_ensemble(measured, values, measured_scores, space.parent, config.members, config.seed)
+        predictions = ensemble.predict(candidates, candidate_scores)
+        chosen_by = acquisition_values(predictions, config.acquisition, config.seed + len(measured))
+        mean, spread = predictions.mean(0), predictions.std(0)
+        why = f"{config.acquisition} on the ensemble of {config.members} ({len(measured)} measured)"
+    else:
+        chosen_by, mean, spread = (
+            candidate_scores,
+            np.full(len(candidates), np.nan),
+            np.full(len(candidates), np.nan),
+        )
+        why = f"zero-shot joint delta_logp ({len(measured)} measured, fewer than {MIN_MEASURED} to fit on)"
+    picked = top_batch(chosen_by, config.batch_size)
+    sign = -1.0 if config.lower_is_better else 1.0
+    n = last + 1
+    out = folder / f"round_{n}"
+    table = ["rank,mutations,sequence,predicted,uncertainty,zero_shot_delta_logp,picked_by"]
+    rule = config.acquisition if len(measured) >= MIN_MEASURED else "zero_shot"
+    fasta = []
+    for rank, i in enumerate(picked, 1):
+        sequence = "".join(ALPHABET[t] for t in candidates[i])
+        mutations = space.mutations(candidates[i])
+        table.append(f"{rank},{mutations},{sequence},{_number(sign * mean[i])},{_number(spread[i])},"
+                     f"{candidate_scores[i]:.4f},{rule}")  # fmt: skip
+        fasta.append(f">round{n}_{rank:03d} {mutations} predicted={_number(sign * mean[i])} "
+                     f"uncertainty={_number(spread[i])}\n{sequence}\n")  # fmt: skip
+    staging = folder / f".round_{n}.tmp"
+    shutil.rmtree(staging, ignore_errors=True)
+    write_text(staging / "proposals.csv", "\n".join(table) + "\n")
+    write_text(staging / "proposals.fasta", "".join(fasta))
+    staging.replace(out)
+    return {"round": n, "measured": len(measured), "candidates": len(candidates), "proposed": len(picked),
+            "picked_by": why, "proposals": str(out / "proposals.csv"), "fasta": str(out / "proposals.fasta"),
+            "best_measured": None if not len(values) else float(sign * values.max()),
+            "seconds": round(time.time() - start, 1)}  # fmt: skip
+
+
+def _keys(variants: np.ndarray) -> np.ndarray:
+    return np.array([row.tobytes() for row in np.ascontiguousarray(variants)])
+
+
+def _number(value: float) -> str:
+    return "" if not np.isfinite(value) else f"{value:.4f}"
+
+
+def propose(
+    campaign: str | Path, model: ProteinMPNN | str = "vanilla/v_48_020", **options: Any
+) -> dict[str, Any]:
+    """Write the next round of the campaign in folder `campaign`, as `python -m dpo_inv.propose` does;
+    `options` are the command's (`structure`, `chain_id`, `positions`, `allowed_aas`, `max_mutations`,
+    `batch_size`, ...). Returns the round's summary; its proposals are in `summary["proposals"]`."""
+    names = {f.name for f in fields(ProposeConfig)}
+    unknown = sorted(set(options) - names)
+    if unknown:
+        raise TypeError(f"propose() got unknown options {unknown}; see python -m dpo_inv.propose --help")
+    name = model if isinstance(model, str) else model.config.name_or_path
+    config = ProposeConfig(campaign=str(campaign), model=str(name), **options)
+    return propose_round(config, None if isinstance(model, str) else model)
