@@ -84,9 +84,11 @@ class ProposeConfig:
                 raise ValueError(f"--{name} {getattr(self, name)}: give a positive number")
 
 
-# what campaign.json keeps from the first call: the design space and the model
+# what campaign.json keeps from the first call: the design space and the model (fixed), and the round
+# settings (a later call that gives none of these takes the saved ones)
 DESIGN_FIELDS = ("structure", "chain_id", "positions", "allowed_aas", "max_mutations", "parent", "candidates",
                  "model", "value_field", "lower_is_better")  # fmt: skip
+ROUND_FIELDS = ("batch_size", "acquisition", "members")
 
 
 def settle_campaign(config: ProposeConfig) -> ProposeConfig:
@@ -98,7 +100,7 @@ def settle_campaign(config: ProposeConfig) -> ProposeConfig:
     if not path.exists():
         if config.structure is None:
             raise ValueError(f"{folder}: no {CAMPAIGN_FILE} there: start the campaign with --structure")
-        saved = {name: getattr(config, name) for name in DESIGN_FIELDS}
+        saved = {name: getattr(config, name) for name in (*DESIGN_FIELDS, *ROUND_FIELDS)}
         for name in ("structure", "candidates"):
             if saved[name] is not None:
                 saved[name] = str(Path(saved[name]).resolve())
@@ -107,6 +109,9 @@ def settle_campaign(config: ProposeConfig) -> ProposeConfig:
         write_json(path, saved)
         return ProposeConfig(**{**asdict(config), **saved})
     saved = json.loads(path.read_text())
+    for name in ROUND_FIELDS:
+        if getattr(config, name) != getattr(defaults, name):
+            saved[name] = getattr(config, name)
     for name in DESIGN_FIELDS:
         given, default = getattr(config, name), getattr(defaults, name)
         if given != default and name in ("structure", "candidates") and given is not None:

@@ -1,0 +1,140 @@
+"""Design campaigns: the joint estimator against the decoder itself, `dpo_inv.propose` round after round on
+real measurements (stability of a small domain), and its bad input."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from conftest import EXAMPLE, ROOT
+
+from dpo_inv.data.batches import PreferenceDataset, collate, structure_inputs
+from dpo_inv.data.dataset import SEQUENCE_FIELDS, load_pairs
+from dpo_inv.models.combinations import joint_deltas, joint_plan, joint_slots, rotations, slot_head
+from dpo_inv.models.variants import conditional_deltas
+from dpo_inv.models.weights import load_model
+from dpo_inv.propose import main as propose_main
+
+STRUCTURE = EXAMPLE / "adapt" / "2jws_A_7-54.pdb.gz"
+LABELLED = EXAMPLE / "adapt" / "labelled.jsonl"
+
+
+@pytest.fixture(scope="module")
+def model():
+    return load_model("vanilla/v_48_020").eval()
+
+
+def labelled() -> list[dict]:
+    rows = [json.loads(line) for line in LABELLED.read_text().splitlines()]
+    return [{**row, "pdb_file": str(STRUCTURE)} for row in rows]
+
+
+def test_joint_equals_conditional_on_singles_and_the_decoder_on_combinations(model):
+    """Singles: the conditional estimator. Multi-mutants: log p of the variant minus the wild type's under
+    the full decoder, its mutated positions decoded last in each rotation of their order, averaged; and
+    not the sum of its singles."""
+    singles = labelled()[:12]
+    wildtype = singles[0]["wildtype_seq"]
+    rng = np.random.default_rng(0)
+    combinations = []
+    for m in (2, 3, 5):
+        sequence = list(wildtype)
+        for p in rng.choice(len(wildtype), m, replace=False):
+            sequence[p] = "W" if wildtype[p] != "W" else "A"
+        combinations.append({**singles[0], "sequence": "".join(sequence)})
+    dataset = PreferenceDataset(load_pairs(singles + combinations, fields=SEQUENCE_FIELDS))
+    additive = conditional_deltas(model, dataset, torch.device("cpu"))
+    batch = collate([dataset[0]])
+    W = batch["rejected"][0].numpy()
+    V = np.stack([np.asarray(dataset.pairs[i]["chosen"]) for i in range(len(dataset))])
+    plan = joint_plan(W, V, np.arange(len(W)), model.config.vocab_size)
+    with torch.no_grad():
+        enc = model.encode(**structure_inputs(batch))
+        joint = joint_deltas(model, enc, batch["rejected"][0], plan).numpy()
+        slots = joint_slots(model, enc, batch["rejected"][0], plan)
+        from_slots = torch.sparse.mm(plan.changes, slot_head(model, slots).reshape(-1, 1)).squeeze(1).numpy()
+    assert joint[: len(singles)] == pytest.approx([additive[i] for i in range(len(singles))], abs=1e-4)
+    assert from_slots == pytest.approx(joint, abs=1e-5)
+    for i in range(len(singles), len(V)):
+        M = np.flatnonzero(V[i] != W)
+        expected = []
+        for order in rotations(len(M), 4):
+            rest = [j for j in range(len(W)) if j not in set(M)]
+            ranks = torch.empty(len(W), dtype=torch.long)
+            ranks[torch.tensor([*rest, *M[order]])] = torch.arange(len(W))
+            with torch.no_grad():
+                variant = model.decode(enc, torch.from_numpy(V[i])[None], ranks[None])[0]
+                parent = model.decode(enc, torch.from_numpy(W)[None], ranks[None])[0]
+            expected.append(float(sum(variant[p, V[i][p]] - parent[p, W[p]] for p in M)))
+        assert joint[i] == pytest.approx(np.mean(expected), abs=1e-4)
+    assert max(abs(joint[i] - additive[i]) for i in range(len(singles), len(V))) > 0.05
+
+
+def propose(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "dpo_inv.propose", *args], capture_output=True, text=True,
+                          cwd=ROOT)  # fmt: skip
+
+
+def test_a_campaign_round_after_round_on_measured_stability(tmp_path):
+    """96 measured single mutants (ProteinGym's mutant,DMS_score) start the campaign; round 1 proposes 8
+    unmeasured singles at three positions; their measurements (and a control never proposed) bring round
+    2, which proposes none already measured. A call before the measurements is refused, round 1 kept."""
+    rows = labelled()
+    before = tmp_path / "before.csv"
+    before.write_text("mutant,DMS_score\n" + "".join(f"{r['mutation']},{r['label']}\n" for r in rows))
+    campaign = tmp_path / "campaign"
+    start = ("--structure", str(STRUCTURE), "--chain_id", "A", "--positions", "A:8,37,40")
+    result = propose("--campaign", str(campaign), *start, "--measurements", str(before), "--batch_size", "8")
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout.splitlines()[-1])
+    assert summary["round"] == 1 and summary["measured"] == 96 and summary["proposed"] == 8
+    lines = (campaign / "round_1" / "proposals.csv").read_text().splitlines()
+    header = lines[0].split(",")
+    first = dict(zip(header, lines[1].split(","), strict=True))
+    assert header[:5] == ["rank", "mutations", "sequence", "predicted", "uncertainty"]
+    measured = {r["mutation"] for r in rows}
+    proposed = [line.split(",")[1] for line in lines[1:]]
+    assert len(proposed) == 8 and not set(proposed) & measured
+    assert all(m[1:-1] in ("8", "37", "40") for m in proposed)
+    assert float(first["uncertainty"]) > 0 and first["picked_by"] == "thompson"
+    assert (campaign / "round_1" / "proposals.fasta").read_text().count(">round1_") == 8
+    again = propose("--campaign", str(campaign))
+    assert again.returncode == 2 and "await their measurements" in again.stderr
+    assert (campaign / "round_1" / "proposals.csv").read_text().splitlines() == lines
+    (campaign / "round_1" / "measurements.csv").write_text(
+        "mutations,value\n" + "".join(f"{m},{-0.1 * i}\n" for i, m in enumerate(proposed)) + "WT,0.0\n"
+    )
+    result = propose("--campaign", str(campaign))
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout.splitlines()[-1])["measured"] == 96 + 8 + 1
+    second = [
+        line.split(",")[1] for line in (campaign / "round_2" / "proposals.csv").read_text().splitlines()
+    ]
+    assert len(second) == 9 and not set(second[1:]) & (measured | set(proposed))
+
+
+@pytest.mark.parametrize(
+    ("options", "measurements", "message"),
+    [
+        (("--parent", "L8F"), None, "the parent has E at 8, not L"),
+        (("--positions", "B:8"), None, "--positions: chain 'B' is not designed"),
+        (("--positions", "A:8,9", "--max_mutations", "3"), None, "only 2 positions may change"),
+        (("--positions", "A:8", "--batch_size", "20"), None, "only 19 candidates are left unmeasured"),
+        ((), "variant,score\nE8P,1\n", "no a variant column"),
+        ((), "mutations,value\nE8P,nan\n", "value must be a finite number"),
+        ((), "mutations,value\nE8P,1\nE8P,2\n", "E8P measured 2 here and 1 at"),
+        ((), "mutations,value\nK8P,1\n", "the parent has E at 8, not K"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, options, measurements, message):
+    args = ["--campaign", str(tmp_path / "c"), "--structure", str(STRUCTURE), "--chain_id", "A", *options]
+    if measurements is not None:
+        (tmp_path / "m.csv").write_text(measurements)
+        args += ["--measurements", str(tmp_path / "m.csv")]
+    with pytest.raises(SystemExit) as exit_:
+        propose_main(args)
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and message in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "c" / "round_1").exists()
