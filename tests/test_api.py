@@ -21,6 +21,7 @@ from test_train import env
 
 import dpo_inv
 import dpo_inv.adapt
+import dpo_inv.propose
 import dpo_inv.rounds
 import dpo_inv.sample
 import dpo_inv.score  # the command modules: importing them leaves dpo_inv.score the function
@@ -29,6 +30,7 @@ from dpo_inv.models.variants import spearman
 from dpo_inv.sample import main as sample_main
 from dpo_inv.tools.adapt import AdaptConfig
 from dpo_inv.tools.pairs import PairsConfig, pairs_file
+from dpo_inv.tools.propose import ProposeConfig
 from dpo_inv.tools.sample import SampleConfig
 from dpo_inv.tools.score import ScoreConfig, score_file
 from dpo_inv.training.config import parse_config
@@ -40,6 +42,7 @@ API = {  # each function and the options of its command
     dpo_inv.sample: SampleConfig,
     dpo_inv.make_pairs: PairsConfig,
     dpo_inv.adapt: AdaptConfig,
+    dpo_inv.propose: ProposeConfig,
 }
 
 

@@ -138,3 +138,17 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, options, measurement
     err = capsys.readouterr().err
     assert exit_.value.code == 2 and message in err and len(err.strip().splitlines()) == 1, err
     assert not (tmp_path / "c" / "round_1").exists()
+
+
+def test_propose_from_python_with_a_model_object(tmp_path, model):
+    """`dpo_inv.propose` in a notebook: the first round of a two-site, two-mutation space, by zero-shot."""
+    import dpo_inv
+
+    space = {"positions": "A:8,37", "allowed_aas": "AVILMFWY", "max_mutations": 2}
+    summary = dpo_inv.propose(
+        tmp_path / "c", model, structure=str(STRUCTURE), chain_id=["A"], batch_size=5, **space
+    )
+    lines = (tmp_path / "c" / "round_1" / "proposals.csv").read_text().splitlines()
+    assert summary["candidates"] == 8 + 7 + 8 * 7 and len(lines) == 6
+    assert all(line.endswith(",zero_shot") for line in lines[1:])
+    assert json.loads((tmp_path / "c" / "campaign.json").read_text())["max_mutations"] == 2
