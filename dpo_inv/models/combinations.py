@@ -58,10 +58,6 @@ class JointPlan:
     slot_parents: np.ndarray  # [S, T] the slot of each placed position (-1 beyond t)
     changes: Tensor  # sparse [R, S * V]
 
-    @property
-    def num_slots(self) -> int:
-        return len(self.slot_pattern)
-
 
 def joint_plan(
     wildtype: np.ndarray,
@@ -147,9 +143,6 @@ class Slots:
     h_S_j: Tensor  # [S, K, H]
     mask: Tensor  # [S]
 
-    def select(self, index: Tensor) -> Slots:
-        return Slots(*(getattr(self, name)[index] for name in ("h_V", "h_E", "h_V_j", "h_S_j", "mask")))
-
 
 def slot_head(model: ProteinMPNN, slots: Slots) -> Tensor:
     """Log-probabilities ``[S, V]`` at the slots from the last decoder layer and the output head."""
@@ -165,10 +158,10 @@ def base_states(model: ProteinMPNN, enc: Encoding, wildtype: Tensor, ranks: Tens
     h_S = model.W_s(S.transpose(1, 2))
     h_V = enc.h_V.unsqueeze(2).expand_as(h_S)
     states = [h_V[0].reshape(-1, h_V.shape[-1])]
-    for layer in model.decoder_layers:
+    for layer in model.decoder_layers[:-1]:
         h_V = layer(h_V, h_S, enc, mask_bw)
         states.append(h_V[0].reshape(-1, h_V.shape[-1]))
-    return states[:-1]
+    return states
 
 
 def pattern_ranks(plan: JointPlan, patterns: np.ndarray, L: int) -> Tensor:
@@ -182,8 +175,8 @@ def pattern_ranks(plan: JointPlan, patterns: np.ndarray, L: int) -> Tensor:
 
 
 def _pass(model: ProteinMPNN, enc: Encoding, wildtype: Tensor, plan: JointPlan, patterns: np.ndarray,
-          keep_inputs: bool) -> tuple[np.ndarray, Slots | Tensor]:  # fmt: skip
-    """The slots of ``patterns``: their ids and their last-layer inputs (``keep_inputs``) or log-probs."""
+          keep_inputs: bool) -> Slots | Tensor:  # fmt: skip
+    """The slots of ``patterns`` (in slot order): their last-layer inputs (``keep_inputs``) or log-probs."""
     device, L = enc.h_V.device, enc.h_V.shape[1]
     states = base_states(model, enc, wildtype, pattern_ranks(plan, patterns, L).to(device))
     slots = np.flatnonzero(np.isin(plan.slot_pattern, patterns))
@@ -226,8 +219,8 @@ def _pass(model: ProteinMPNN, enc: Encoding, wildtype: Tensor, plan: JointPlan, 
                          for rows in chunks])  # fmt: skip
     last = len(model.decoder_layers) - 1
     if keep_inputs:
-        return slots, Slots(h_V, h_E, neighbour_states(last, h_V, slice(None)), h_S_j, mask)
-    return slots, torch.cat(
+        return Slots(h_V, h_E, neighbour_states(last, h_V, slice(None)), h_S_j, mask)
+    return torch.cat(
         [
             slot_head(model, Slots(h_V[r], h_E[r], neighbour_states(last, h_V, r), h_S_j[r], mask[r]))
             for r in chunks
@@ -236,25 +229,18 @@ def _pass(model: ProteinMPNN, enc: Encoding, wildtype: Tensor, plan: JointPlan, 
 
 
 def _passes(model: ProteinMPNN, enc: Encoding, wildtype: Tensor, plan: JointPlan,
-            keep_inputs: bool) -> list[tuple[np.ndarray, Slots | Tensor]]:  # fmt: skip
+            keep_inputs: bool) -> list[Slots | Tensor]:  # fmt: skip
+    """`_pass` over the plan's patterns, `PATTERNS_PER_PASS` at a time."""
+    starts = range(0, len(plan.patterns), PATTERNS_PER_PASS)
     with torch.no_grad():
-        return [
-            _pass(
-                model,
-                enc,
-                wildtype,
-                plan,
-                np.arange(start, min(start + PATTERNS_PER_PASS, len(plan.patterns))),
-                keep_inputs,
-            )  # fmt: skip
-            for start in range(0, len(plan.patterns), PATTERNS_PER_PASS)
-        ]
+        return [_pass(model, enc, wildtype, plan, np.arange(start, min(start + PATTERNS_PER_PASS,
+                      len(plan.patterns))), keep_inputs) for start in starts]  # fmt: skip
 
 
 def joint_slots(model: ProteinMPNN, enc: Encoding, wildtype: Tensor, plan: JointPlan) -> Slots:
     """The last decoder layer's inputs at every slot of ``plan``, in slot order: `slot_head` on them is
     differentiable in that layer and the output head (what `dpo_inv.adapt` trains)."""
-    parts = [part for _, part in _passes(model, enc, wildtype, plan, keep_inputs=True)]
+    parts = _passes(model, enc, wildtype, plan, keep_inputs=True)
     names = ("h_V", "h_E", "h_V_j", "h_S_j", "mask")
     if not parts:
         edges = enc.h_E.new_zeros(0, *enc.h_E.shape[2:])
@@ -264,7 +250,7 @@ def joint_slots(model: ProteinMPNN, enc: Encoding, wildtype: Tensor, plan: Joint
 
 def joint_log_probs(model: ProteinMPNN, enc: Encoding, wildtype: Tensor, plan: JointPlan) -> Tensor:
     """Log-probabilities ``[S, V]`` at every slot of ``plan``, in slot order (no gradient)."""
-    parts = [part for _, part in _passes(model, enc, wildtype, plan, keep_inputs=False)]
+    parts = _passes(model, enc, wildtype, plan, keep_inputs=False)
     vocab = model.config.vocab_size
     return torch.cat(parts) if parts else enc.h_V.new_zeros(0, vocab)
 

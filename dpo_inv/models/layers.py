@@ -182,9 +182,9 @@ class DecLayer(NodeLayer):
         the new states of all positions, ``[B, L, N, H]``; with ``positions [B, Q, N]``, only those of
         sequence ``n`` at ``positions[b, q, n]``, ``[B, Q, N, H]`` (a step of incremental decoding).
         """
-        H = h_V.shape[-1]
-        _, W_e, W_s, W_j = self.W1.weight.split([H, enc.h_E.shape[-1], h_S.shape[-1], H], dim=1)
         if positions is None:
+            H = h_V.shape[-1]
+            _, W_e, W_s, W_j = self.W1.weight.split([H, enc.h_E.shape[-1], h_S.shape[-1], H], dim=1)
             structure = F.linear(enc.h_E, W_e).add_(gather_nodes(F.linear(enc.h_V, W_j), enc.E_idx))
             visible = gather_nodes(F.linear(h_S, W_s) + F.linear(h_V - enc.h_V.unsqueeze(2), W_j), enc.E_idx)
             pre = torch.addcmul(structure.unsqueeze(3), mask_bw.unsqueeze(-1).to(visible.dtype), visible)
@@ -194,17 +194,21 @@ class DecLayer(NodeLayer):
         h_V_j = torch.where(seen, gather_sample_nodes(h_V, E_idx), gather_nodes(enc.h_V, E_idx))
         h_S_j = gather_sample_nodes(h_S, E_idx) * seen
         h_E = gather_nodes(enc.h_E, positions).transpose(2, 3)
-        pre = F.linear(h_E, W_e) + F.linear(h_S_j, W_s) + F.linear(h_V_j, W_j)
+        pre = self._gathered_blocks(h_E, h_S_j, h_V_j)
         return self._update(gather_sample_nodes(h_V, positions), pre, gather_nodes(enc.mask, positions))
 
     def update_gathered(self, h_V: Tensor, h_E: Tensor, h_S_j: Tensor, h_V_j: Tensor, mask: Tensor) -> Tensor:
         """New states ``[N, H]`` of N nodes from their states ``h_V [N, H]``, edges ``h_E [N, K, H]`` and
         their neighbours' token embeddings ``h_S_j`` (zero where not seen) and states ``h_V_j`` (the
         encoder's where not seen), ``[N, K, H]``; ``mask [N]``."""
-        H = h_V.shape[-1]
+        pre = self._gathered_blocks(h_E, h_S_j, h_V_j).transpose(0, 1)
+        return self._update(h_V[None, None], pre[None, None], mask[None, None])[0, 0]
+
+    def _gathered_blocks(self, h_E: Tensor, h_S_j: Tensor, h_V_j: Tensor) -> Tensor:
+        """``W1`` without bias on ``[0, h_E_ij, h_S_j, h_V_j]`` for neighbours already gathered."""
+        H = h_V_j.shape[-1]
         _, W_e, W_s, W_j = self.W1.weight.split([H, h_E.shape[-1], h_S_j.shape[-1], H], dim=1)
-        pre = F.linear(h_E, W_e) + F.linear(h_S_j, W_s) + F.linear(h_V_j, W_j)
-        return self._update(h_V[None, None], pre.transpose(0, 1)[None, None], mask[None, None])[0, 0]
+        return F.linear(h_E, W_e) + F.linear(h_S_j, W_s) + F.linear(h_V_j, W_j)
 
     def _update(self, h_V: Tensor, pre: Tensor, mask: Tensor) -> Tensor:
         """New states from the states ``h_V [B, Q, N, H]`` and the neighbour blocks of the first linear layer.
