@@ -32,7 +32,7 @@ import torch
 
 from dpo_inv.models.weights import load_model
 from dpo_inv.structures.parse import ALPHABET
-from dpo_inv.tools.acquisition import acquisition_values, fit_ensemble, top_batch
+from dpo_inv.tools.acquisition import choose_batch, top_batch
 from dpo_inv.tools.propose import ProposeConfig, design_space, zero_shot
 
 METHODS = ("dpo_inv", "augmented_ridge", "greedy_zero_shot", "random")
@@ -67,13 +67,11 @@ def campaign(method: str, seed: int, variants: np.ndarray, fitness: np.ndarray, 
         elif method == "greedy_zero_shot":
             picked = left[top_batch(scores[left], args.batch)]
         else:
-            known = np.array(measured)
-            ensemble = fit_ensemble(variants[known], fitness[known], scores[known], parent,
-                                    seed=seed * 100 + round_, pairwise=method == "dpo_inv")  # fmt: skip
-            predictions = ensemble.predict(variants[left], scores[left])
-            picked = left[
-                top_batch(acquisition_values(predictions, "thompson", seed * 100 + round_), args.batch)
-            ]
+            known, draw = np.array(measured), seed * 100 + round_
+            chosen, _, _ = choose_batch(variants[known], fitness[known], scores[known], variants[left],
+                                        scores[left], parent, args.batch, "thompson", fit_seed=draw,
+                                        draw_seed=draw, pairwise=method == "dpo_inv")  # fmt: skip
+            picked = left[chosen]
         measured += list(picked)
     return history
 

@@ -152,3 +152,20 @@ def test_propose_from_python_with_a_model_object(tmp_path, model):
     assert summary["candidates"] == 8 + 7 + 8 * 7 and len(lines) == 6
     assert all(line.endswith(",zero_shot") for line in lines[1:])
     assert json.loads((tmp_path / "c" / "campaign.json").read_text())["max_mutations"] == 2
+
+
+def test_a_list_of_candidates_is_the_space(tmp_path, model):
+    """`candidates`: only the variants of the file are proposed (its duplicates once); a file without a
+    variant column is one error naming its columns."""
+    import dpo_inv
+
+    listed = ["E8P", "E8A:W37F", "W37Y", "E8P"]
+    (tmp_path / "candidates.csv").write_text("mutations,note\n" + "".join(f"{m},x\n" for m in listed))
+    summary = dpo_inv.propose(tmp_path / "c", model, structure=str(STRUCTURE), chain_id=["A"],
+                              candidates=str(tmp_path / "candidates.csv"), batch_size=3)  # fmt: skip
+    lines = (tmp_path / "c" / "round_1" / "proposals.csv").read_text().splitlines()[1:]
+    assert summary["candidates"] == 3 and sorted(line.split(",")[1] for line in lines) == sorted(set(listed))
+    (tmp_path / "bad.csv").write_text("name,note\nE8P,x\n")
+    with pytest.raises(ValueError, match=r"bad.csv: no variant column .* among its columns \(name, note\)"):
+        dpo_inv.propose(tmp_path / "d", model, structure=str(STRUCTURE), chain_id=["A"],
+                        candidates=str(tmp_path / "bad.csv"), batch_size=1)  # fmt: skip

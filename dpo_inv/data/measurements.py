@@ -9,7 +9,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from dpo_inv.data.records import DataError, load_records
+from dpo_inv.data.records import DataError, Record, load_records
 
 VARIANT_FIELDS = ("mutations", "mutant", "sequence", "mutated_sequence")
 VALUE_FIELDS = ("value", "DMS_score")
@@ -41,7 +41,6 @@ def read_measurements(path: str | Path, value_field: str | None = None) -> list[
             f"{path}: no {missing} among its columns ({', '.join(sorted(columns)) or 'none'}): write "
             "variant,value rows such as mutations,value / V39F:D40W,0.8 (ProteinGym's mutant,DMS_score too)"
         )
-    kind = "sequence" if variant_field in ("sequence", "mutated_sequence") else "mutations"
     measured, errors = [], []
     for record in records:
         row = record.data or {}
@@ -53,8 +52,26 @@ def read_measurements(path: str | Path, value_field: str | None = None) -> list[
         if isinstance(value, bool) or not math.isfinite(number):
             errors.append(f"{record.location}: {found_value} must be a finite number, got {value!r}")
             continue
-        text = row.get(variant_field)
-        measured.append(Measurement("" if text is None else str(text), kind, number, record.location))
+        measured.append(variant_of(record, variant_field, number))
     if errors:
         raise DataError(errors[0] + (f" (and {len(errors) - 1} more rows)" if len(errors) > 1 else ""))
     return measured
+
+
+def variant_of(record: Record, variant_field: str, value: float) -> Measurement:
+    text = (record.data or {}).get(variant_field)
+    kind = "sequence" if variant_field in ("sequence", "mutated_sequence") else "mutations"
+    return Measurement("" if text is None else str(text), kind, value, record.location)
+
+
+def read_variants(path: str | Path) -> list[Measurement]:
+    """The variants of ``path`` (candidates: a variant column, no value needed; their value is NaN)."""
+    records = load_records(str(path))
+    columns = {key for record in records for key in (record.data or {})}
+    variant_field = next((f for f in VARIANT_FIELDS if f in columns), None)
+    if variant_field is None:
+        raise DataError(
+            f"{path}: no variant column ({', '.join(VARIANT_FIELDS)}) among its columns "
+            f"({', '.join(sorted(columns)) or 'none'}): name each candidate, e.g. mutations / V39F:D40W"
+        )
+    return [variant_of(record, variant_field, math.nan) for record in records]

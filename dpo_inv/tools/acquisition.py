@@ -102,3 +102,16 @@ def acquisition_values(predictions: np.ndarray, rule: Acquisition, seed: int = 0
 def top_batch(values: np.ndarray, batch: int) -> np.ndarray:
     """Indices of the ``batch`` highest ``values``, best first (ties: the earlier candidate)."""
     return np.argsort(-values, kind="stable")[:batch]
+
+
+def choose_batch(measured: np.ndarray, values: np.ndarray, measured_scores: np.ndarray,
+                 candidates: np.ndarray, candidate_scores: np.ndarray, parent: np.ndarray, batch: int,
+                 rule: Acquisition,
+                 members: int = 10, fit_seed: int = 0, draw_seed: int = 0,
+                 pairwise: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # fmt: skip
+    """The batch of ``candidates`` (indices, best first) that ``rule`` picks from the ensemble fitted on the
+    measured variants, and the ensemble's mean and spread for every candidate."""
+    ensemble = fit_ensemble(measured, values, measured_scores, parent, members, fit_seed, pairwise)
+    predictions = ensemble.predict(candidates, candidate_scores)
+    picked = top_batch(acquisition_values(predictions, rule, draw_seed), batch)
+    return picked, predictions.mean(0), predictions.std(0)

@@ -8,15 +8,14 @@ import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
 from dpo_inv.structures.parse import ALPHABET, AMINO_ACIDS
 
 MUTATION = re.compile(r"^([A-Z])([A-Za-z]?)(-?\d+[A-Za-z]?)([A-Z])$")
-MAX_CANDIDATES = (
-    2_000_000  # enumerated candidates; a larger space is sampled (dpo_inv.sample --max_mutations)
-)
+MAX_CANDIDATES = 2_000_000  # variants a design space may enumerate: a larger one is refused
 
 
 @dataclass(frozen=True)
@@ -33,14 +32,21 @@ class DesignSpace:
     allowed: list[np.ndarray]  # per position of `positions`, the tokens allowed there (the parent's left out)
     max_mutations: int
 
-    def label(self, index: int) -> str:
-        chain, number = self.numbers[index]
-        return number if len({c for c, _ in self.numbers}) == 1 else f"{chain}{number}"
+    @cached_property
+    def labels(self) -> list[str]:
+        """How each position is named in a mutation: its author number, chain first with several chains."""
+        one_chain = len({c for c, _ in self.numbers}) == 1
+        return [number if one_chain else f"{chain}{number}" for chain, number in self.numbers]
+
+    @cached_property
+    def index(self) -> dict[str, int]:
+        """The position of each label."""
+        return {label: i for i, label in enumerate(self.labels)}
 
     def mutations(self, variant: np.ndarray) -> str:
         """The variant's mutations from the parent, `V39F:D40W` (empty for the parent)."""
         changed = np.flatnonzero(variant != self.parent)
-        return ":".join(f"{ALPHABET[self.parent[i]]}{self.label(i)}{ALPHABET[variant[i]]}" for i in changed)
+        return ":".join(f"{ALPHABET[self.parent[i]]}{self.labels[i]}{ALPHABET[variant[i]]}" for i in changed)
 
     def parse(self, mutations: str, where: str) -> np.ndarray:
         """Tokens of the variant named by `mutations` (`V39F:D40W`; empty, `WT` or `_wt` for the parent);
@@ -49,18 +55,17 @@ class DesignSpace:
         text = mutations.strip()
         if text.upper() in ("", "WT", "_WT"):
             return variant
-        index = {self.label(i): i for i in range(len(self.parent))}
         for item in text.split(":"):
             match = MUTATION.match(item.strip())
             if match is None:
                 raise ValueError(f"{where}: {item!r} is not a mutation such as V39F (parent, number, new)")
             name = f"{match[2]}{match[3]}" if match[2] else match[3]
-            if name not in index:
+            if name not in self.index:
                 raise ValueError(
                     f"{where}: {item!r}: no designed residue {name} (author numbering of "
-                    f"the designed residues: {self.label(0)}..{self.label(len(self.parent) - 1)})"
+                    f"the designed residues: {self.labels[0]}..{self.labels[-1]})"
                 )
-            i = index[name]
+            i = self.index[name]
             if ALPHABET[self.parent[i]] != match[1]:
                 raise ValueError(
                     f"{where}: {item!r}: the parent has {ALPHABET[self.parent[i]]} at {name}, not {match[1]}"

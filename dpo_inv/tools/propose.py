@@ -20,13 +20,13 @@ import numpy as np
 import torch
 
 from dpo_inv.data.batches import collate, structure_inputs
-from dpo_inv.data.measurements import Measurement, read_measurements
-from dpo_inv.data.records import DataError, load_records, write_json, write_text
+from dpo_inv.data.measurements import Measurement, read_measurements, read_variants
+from dpo_inv.data.records import DataError, write_json, write_text
 from dpo_inv.models.combinations import joint_deltas, joint_plan
 from dpo_inv.models.mpnn import ProteinMPNN
 from dpo_inv.models.weights import as_model
 from dpo_inv.structures.parse import ALPHABET, AMINO_ACIDS, StructureError, tokenize
-from dpo_inv.tools.acquisition import acquisition_values, fit_ensemble, top_batch
+from dpo_inv.tools.acquisition import choose_batch, top_batch
 from dpo_inv.tools.design_space import MAX_CANDIDATES, DesignSpace, parse_allowed
 from dpo_inv.tools.sample import fixed_indices, parse_fixed_positions, prepare_design
 from dpo_inv.training.launch import resolve_device
@@ -148,7 +148,7 @@ def design_space(config: ProposeConfig) -> tuple[DesignSpace, dict[str, Any]]:
         positions = np.array(sorted(set(positions)), dtype=np.int64)
     else:
         positions = np.flatnonzero(np.asarray(design.example["mask"][: len(parent_tokens)]) > 0)
-    labels = [space.label(int(i)) for i in positions]
+    labels = [space.labels[i] for i in positions]
     allowed_letters = parse_allowed(config.allowed_aas, labels)
     unknown = sorted(set(allowed_letters) - set(labels))
     if unknown:
@@ -181,15 +181,7 @@ def measured_variants(space: DesignSpace, rows: list[Measurement]) -> tuple[np.n
     seen: dict[bytes, tuple[float, str]] = {}
     variants, values = [], []
     for row in rows:
-        if row.kind == "sequence":
-            tokens = tokenize(row.variant.replace("/", "").replace(":", ""))
-            if len(tokens) != len(space.parent) or (tokens < 0).any():
-                raise DataError(
-                    f"{row.location}: the sequence has {len(tokens)} residues (or letters outside "
-                    f"{AMINO_ACIDS}); the designed chains have {len(space.parent)}"
-                )
-        else:
-            tokens = space.parse(row.variant, row.location)
+        tokens = variant_tokens(space, row)
         key = tokens.tobytes()
         if key in seen:
             if seen[key][0] != row.value:
@@ -202,6 +194,19 @@ def measured_variants(space: DesignSpace, rows: list[Measurement]) -> tuple[np.n
         variants.append(tokens)
         values.append(row.value)
     return np.array(variants, dtype=np.int64).reshape(-1, len(space.parent)), np.array(values)
+
+
+def variant_tokens(space: DesignSpace, row: Measurement) -> np.ndarray:
+    """Tokens of the designed chains of the variant ``row`` names (its mutations or its full sequence)."""
+    if row.kind == "mutations":
+        return space.parse(row.variant, row.location)
+    tokens = tokenize(row.variant.replace("/", "").replace(":", ""))
+    if len(tokens) != len(space.parent) or (tokens < 0).any():
+        raise DataError(
+            f"{row.location}: the sequence has {len(tokens)} residues (or letters outside "
+            f"{AMINO_ACIDS}); the designed chains have {len(space.parent)}"
+        )
+    return tokens
 
 
 def rounds_of(folder: Path) -> list[int]:
@@ -219,8 +224,8 @@ def read_campaign_measurements(folder: Path, config: ProposeConfig) -> list[Meas
 
 def candidate_variants(space: DesignSpace, config: ProposeConfig) -> np.ndarray:
     if config.candidates is not None:
-        rows = read_measurements_like(config.candidates)
-        return np.unique(measured_variants(space, rows)[0], axis=0)
+        variants = [variant_tokens(space, row) for row in read_variants(config.candidates)]
+        return np.unique(np.array(variants, dtype=np.int64).reshape(-1, len(space.parent)), axis=0)
     size = space.size()
     if size > MAX_CANDIDATES:
         raise ValueError(
@@ -230,35 +235,17 @@ def candidate_variants(space: DesignSpace, config: ProposeConfig) -> np.ndarray:
     return space.enumerate()
 
 
-def read_measurements_like(path: str) -> list[Measurement]:
-    """Candidates: the variant column of a file, values optional."""
-    out = []
-    for record in load_records(path):
-        row = record.data or {}
-        name = next((f for f in ("mutations", "mutant", "sequence", "mutated_sequence") if f in row), None)
-        if name is None:
-            raise DataError(
-                f"{record.location}: no mutations, mutant or sequence column: name each candidate"
-            )
-        kind = "sequence" if "sequence" in name else "mutations"
-        out.append(Measurement(str(row[name] or ""), kind, 0.0, record.location))
-    return out
-
-
 @torch.no_grad()
 def zero_shot(model: ProteinMPNN, example: dict[str, Any], space: DesignSpace, variants: np.ndarray,
               device: torch.device) -> np.ndarray:  # fmt: skip
     """The model's joint `delta_logp` of each variant against the parent."""
     batch = {k: v.to(device) for k, v in collate([example]).items()}
-    parent = torch.from_numpy(space.parent).to(device)
-    batch["rejected"] = parent.unsqueeze(0)
     enc = model.encode(**structure_inputs(batch))
-    L = enc.h_V.shape[1]
-    plan = joint_plan(np.pad(space.parent, (0, L - len(space.parent))),
-                      np.pad(variants, ((0, 0), (0, L - len(space.parent)))), np.arange(L),
-                      model.config.vocab_size)  # fmt: skip
-    full_parent = torch.cat([parent, torch.as_tensor(example["native"][len(space.parent) :], device=device)])
-    return joint_deltas(model, enc, full_parent, plan).numpy().astype(np.float64)
+    visible = np.asarray(example["native"][len(space.parent) :])  # the chains not designed
+    parent = np.concatenate([space.parent, visible])
+    variants = np.hstack([variants, np.broadcast_to(visible, (len(variants), len(visible)))])
+    plan = joint_plan(parent, variants, np.arange(len(parent)), model.config.vocab_size)
+    return joint_deltas(model, enc, torch.from_numpy(parent).to(device), plan).numpy().astype(np.float64)
 
 
 def propose_round(config: ProposeConfig, model: ProteinMPNN | None = None) -> dict[str, Any]:
@@ -296,24 +283,21 @@ def propose_round(config: ProposeConfig, model: ProteinMPNN | None = None) -> di
     scores = zero_shot(model, example, space, np.vstack([candidates, measured]), device)
     candidate_scores, measured_scores = scores[: len(candidates)], scores[len(candidates) :]
     if len(measured) >= MIN_MEASURED and np.ptp(values) > 0:
-        ensemble = fit_ensemble(measured, values, measured_scores, space.parent, config.members, config.seed)
-        predictions = ensemble.predict(candidates, candidate_scores)
-        chosen_by = acquisition_values(predictions, config.acquisition, config.seed + len(measured))
-        mean, spread = predictions.mean(0), predictions.std(0)
+        draw_seed = config.seed + len(measured)
+        picked, mean, spread = choose_batch(measured, values, measured_scores, candidates, candidate_scores,
+                                            space.parent, config.batch_size, config.acquisition,
+                                            config.members, config.seed, draw_seed)  # fmt: skip
+        rule = config.acquisition
         why = f"{config.acquisition} on the ensemble of {config.members} ({len(measured)} measured)"
     else:
-        chosen_by, mean, spread = (
-            candidate_scores,
-            np.full(len(candidates), np.nan),
-            np.full(len(candidates), np.nan),
-        )
+        picked = top_batch(candidate_scores, config.batch_size)
+        mean = spread = np.full(len(candidates), np.nan)
+        rule = "zero_shot"
         why = f"zero-shot joint delta_logp ({len(measured)} measured, fewer than {MIN_MEASURED} to fit on)"
-    picked = top_batch(chosen_by, config.batch_size)
     sign = -1.0 if config.lower_is_better else 1.0
     n = last + 1
     out = folder / f"round_{n}"
     table = ["rank,mutations,sequence,predicted,uncertainty,zero_shot_delta_logp,picked_by"]
-    rule = config.acquisition if len(measured) >= MIN_MEASURED else "zero_shot"
     fasta = []
     for rank, i in enumerate(picked, 1):
         sequence = "".join(ALPHABET[t] for t in candidates[i])
