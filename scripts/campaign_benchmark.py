@@ -1,22 +1,30 @@
-"""Simulated design campaigns on a combinatorially complete landscape, against the field's baselines.
+"""Simulated design campaigns on a combinatorially complete landscape or on single-mutant scans, against the
+field's baselines.
 
     python scripts/campaign_benchmark.py --landscape ../shared/campaign/trpb --initial 96 --rounds 4 \\
         --batch 96 --seeds 10 [--first_round zero_shot]
+    python scripts/campaign_benchmark.py --scan ../shared/function/CALM1_HUMAN_Weile_2017.csv \\
+        --initial 24 --rounds 3 --batch 24 --seeds 10
+    python scripts/campaign_benchmark.py --scan ../shared/stability/train.jsonl --value_field label ...
 
 A landscape folder holds `landscape.json` (pdb_file, chain_id, wildtype_seq, site_indices) and
-`variants.csv` (`variant`: the letters at the sites, in order; `fitness`). The oracle reveals only what was
-proposed; the candidates are the landscape's variants (combinations never measured cannot be proposed). Each
-campaign measures `--initial` variants (at random, or the zero-shot model's best with `--first_round
-zero_shot`), then `--rounds` batches of `--batch`. Methods, in the same runs:
+`variants.csv` (`variant`: the letters at the sites, in order; `fitness`). A scan is a ProteinGym CSV
+(`mutant` or `mutated_sequence`, `DMS_score`; its structure from `--structure`, or from the `reference.csv`
+beside it) or variant records with `pdb_file`, `sequence` and the value (one campaign per structure). The
+oracle reveals only what was proposed; the candidates are the measured variants (combinations never
+measured cannot be proposed). Each campaign measures `--initial` variants (at random, or the zero-shot
+model's best with `--first_round zero_shot`), then `--rounds` batches of `--batch`. Methods, in the same runs:
 
-- dpo_inv: what `dpo_inv.propose` does — the ensemble ridge on one-hot, pair and zero-shot features,
-  Thompson sampling;
+- dpo_inv: what `dpo_inv.propose` does — adapt the model to the measurements (on scans; `--adapt` on a
+  landscape too), then the ensemble ridge on one-hot, mutated-position, pair and model-score features
+  (zero-shot, and the adapted model's: cross-fitted on the measured variants), Thompson sampling;
 - augmented_ridge: the same ensemble and batch rule on one-hot and zero-shot features (MLDE-style);
 - greedy_zero_shot: the zero-shot joint score's best not yet measured;
 - random.
 
-Printed last, one JSON line: per method and round, the mean and standard error over seeds of the best fitness
-found over the landscape's best (`best_fraction`) and of the fraction of its top 1% found (`top1_found`).
+Printed last, one JSON line: per method and round, the mean and standard error over seeds (and scans) of the
+best value found over the best there is (`best_fraction`; on scans, whose values may be negative, the
+fraction of variants no better than the best found) and of the fraction of the top 1% found (`top1_found`).
 """
 
 from __future__ import annotations
@@ -25,52 +33,153 @@ import argparse
 import csv
 import json
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from dpo_inv.data.batches import collate
+from dpo_inv.data.measurements import Measurement, read_measurements
+from dpo_inv.data.records import load_records
+from dpo_inv.models.mpnn import ProteinMPNN
 from dpo_inv.models.weights import load_model
 from dpo_inv.structures.parse import ALPHABET
 from dpo_inv.tools.acquisition import choose_batch, top_batch
-from dpo_inv.tools.propose import ProposeConfig, design_space, zero_shot
+from dpo_inv.tools.adapt import AdaptConfig, VariantSet, choose_and_train, variant_set
+from dpo_inv.tools.propose import ProposeConfig, design_space, measured_variants, zero_shot
 
 METHODS = ("dpo_inv", "augmented_ridge", "greedy_zero_shot", "random")
+CPU = torch.device("cpu")
 
 
-def load_landscape(folder: Path) -> tuple[dict, np.ndarray, np.ndarray]:
-    """The landscape's description, its variants' letters at the sites ``[N, m]`` and their fitness."""
+@dataclass
+class Problem:
+    """One protein's variants, their values (the oracle), the zero-shot scores and what adapting needs."""
+
+    name: str
+    variants: np.ndarray  # [N, L] tokens
+    values: np.ndarray  # [N] higher = better
+    scores: np.ndarray  # [N] zero-shot joint delta_logp
+    parent: np.ndarray  # [L]
+    model: ProteinMPNN
+    train_set: Callable[[np.ndarray], VariantSet] | None  # the measured rows' set (None: no adapting)
+    predict: Callable[[ProteinMPNN], np.ndarray]  # every variant's delta_logp under a model
+    fraction: str  # "ratio" (best / the best there is) or "rank" (the best found's rank fraction)
+
+
+def problem(name: str, structure: str, chain: str, rows: list, model: ProteinMPNN, adapt: bool,
+            fraction: str) -> Problem:  # fmt: skip
+    """The problem of measured ``rows`` (`Measurement`s) on ``structure``'s chain."""
+    config = ProposeConfig(campaign="", structure=structure, chain_id=[chain])
+    space, example = design_space(config)
+    variants, values = measured_variants(space, rows)
+    parent = torch.from_numpy(space.parent)
+    batch = collate([{**example, "chosen": parent, "rejected": parent}])
+    if (variants != space.parent).sum(1).max() == 1:  # single mutants: the states of every one, once
+        full = variant_set(model, batch, variants, values, None)
+        scores = full.reference.numpy().astype(np.float64)
+
+        def predict(m: ProteinMPNN) -> np.ndarray:
+            with torch.no_grad():
+                return full.deltas(m).numpy().astype(np.float64)
+    else:
+        scores = zero_shot(model, example, space, variants, CPU)
+
+        def predict(m: ProteinMPNN) -> np.ndarray:
+            return zero_shot(m, example, space, variants, CPU)
+
+    def train_set(rows: np.ndarray) -> VariantSet:
+        return variant_set(model, batch, variants[rows], values[rows], None)
+
+    return Problem(name, variants, values, scores, space.parent, model, train_set if adapt else None, predict,
+                   fraction)  # fmt: skip
+
+
+def landscape_problem(folder: Path, model: ProteinMPNN, adapt: bool) -> Problem:
+    """A combinatorially complete landscape (`landscape.json` + `variants.csv`)."""
     landscape = json.loads((folder / "landscape.json").read_text())
     with open(folder / "variants.csv") as handle:
-        rows = list(csv.DictReader(handle))
-    letters = np.array([[ALPHABET.index(a) for a in row["variant"]] for row in rows])
-    return landscape, letters, np.array([float(row["fitness"]) for row in rows])
+        table = list(csv.DictReader(handle))
+    chain, sites = landscape["chain_id"], np.array(landscape["site_indices"])
+    wildtype = np.array([ALPHABET.index(a) for a in landscape["wildtype_seq"]])
+    numbers = [str(n) for n in landscape["site_numbers"]]
+    rows = []
+    for row in table:
+        mutations = [
+            f"{ALPHABET[wildtype[i]]}{n}{a}"
+            for i, n, a in zip(sites, numbers, row["variant"], strict=True)
+            if a != ALPHABET[wildtype[i]]
+        ]
+        rows.append(
+            Measurement(":".join(mutations) or "WT", "mutations", float(row["fitness"]), "variants.csv")
+        )
+    return problem(folder.name, str(folder / landscape["pdb_file"]), chain, rows, model, adapt, "ratio")
 
 
-def campaign(method: str, seed: int, variants: np.ndarray, fitness: np.ndarray, scores: np.ndarray,
-             parent: np.ndarray, args: argparse.Namespace) -> list[tuple[float, float]]:  # fmt: skip
+def scan_problems(path: Path, args: argparse.Namespace, model: ProteinMPNN, adapt: bool) -> list[Problem]:
+    """One problem per structure of a scan: a ProteinGym CSV, or variant records with `pdb_file`."""
+    if path.suffix == ".csv":
+        structure, chain = args.structure, args.chain_id
+        if structure is None:
+            reference = {
+                r.data["DMS_filename"]: r.data for r in load_records(str(path.parent / "reference.csv"))
+            }
+            entry = reference[path.name]
+            structure, chain = str(path.parent / entry["pdb_file"]), entry.get("chain_id") or "A"
+        rows = read_measurements(path, args.value_field)
+        return [problem(path.stem, structure, chain, rows, model, adapt, "rank")]
+    by_structure: dict[str, list] = {}
+    for record in load_records(str(path)):
+        by_structure.setdefault(record.data["pdb_file"], []).append(record)
+    problems = []
+    for pdb_file, records in sorted(by_structure.items()):
+        rows = [Measurement(r.data["sequence"], "sequence", float(r.data[args.value_field or "label"]),
+                            r.location) for r in records]  # fmt: skip
+        chain = records[0].data.get("chain_id", "A")
+        problems.append(problem(Path(pdb_file).name.split(".")[0], str(path.parent / pdb_file), chain, rows,
+                                model, adapt, "rank"))  # fmt: skip
+    return problems
+
+
+def campaign(method: str, seed: int, p: Problem, args: argparse.Namespace) -> list[tuple[float, float]]:
     """One campaign: (best fraction, top-1% fraction found) after the first batch and after each round."""
     rng = np.random.default_rng(seed)
-    top = set(np.argsort(-fitness)[: max(1, round(0.01 * len(fitness)))].tolist())
+    values = p.values
+    threshold = np.sort(values)[-max(1, round(0.01 * len(values)))]
+    top = set(np.flatnonzero(values >= threshold).tolist())  # the top 1%, and any tied with its last
     if args.first_round == "random":
-        measured = list(rng.choice(len(fitness), args.initial, replace=False))
+        measured = list(rng.choice(len(values), args.initial, replace=False))
     else:
-        measured = list(top_batch(scores, args.initial))
+        measured = list(top_batch(p.scores, args.initial))
     history = []
     for round_ in range(args.rounds + 1):
-        history.append((fitness[measured].max() / fitness.max(), len(top & set(measured)) / len(top)))
+        best = max(measured, key=lambda i: values[i])
+        found = values[best] / values.max() if p.fraction == "ratio" else np.mean(values <= values[best])
+        history.append((found, len(top & set(measured)) / len(top)))
         if round_ == args.rounds:
             break
-        left = np.setdiff1d(np.arange(len(fitness)), measured)
+        left = np.setdiff1d(np.arange(len(values)), measured)
+        known = np.array(measured)
         if method == "random":
             picked = rng.choice(left, args.batch, replace=False)
         elif method == "greedy_zero_shot":
-            picked = left[top_batch(scores[left], args.batch)]
+            picked = left[top_batch(p.scores[left], args.batch)]
         else:
-            known, draw = np.array(measured), seed * 100 + round_
-            chosen, _, _ = choose_batch(variants[known], fitness[known], scores[known], variants[left],
-                                        scores[left], parent, args.batch, "thompson", fit_seed=draw,
-                                        draw_seed=draw, pairwise=method == "dpo_inv")  # fmt: skip
+            scores, known_scores = p.scores, p.scores[known]
+            if method == "dpo_inv" and p.train_set is not None and len(known) >= AdaptConfig.min_labels:
+                config = AdaptConfig(decoding_order="left_to_right", seed=seed)
+                adapted = choose_and_train(p.model, [p.train_set(known)], config)
+                if adapted.decision == "adapted":
+                    scores = np.c_[scores, p.predict(adapted.model)]
+                    known_scores = np.c_[known_scores, adapted.out_of_fold[0]]
+            draw = seed * 100 + round_
+            rule = args.acquisition if method == "dpo_inv" else "thompson"
+            chosen, _, _ = choose_batch(p.variants[known], values[known], known_scores, p.variants[left],
+                                        scores[left], p.parent, args.batch, rule, fit_seed=draw,
+                                        draw_seed=draw, pairwise=method == "dpo_inv",
+                                        positional=method == "dpo_inv")  # fmt: skip
             picked = left[chosen]
         measured += list(picked)
     return history
@@ -80,7 +189,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--landscape", type=Path, required=True)
+    where = parser.add_mutually_exclusive_group(required=True)
+    where.add_argument("--landscape", type=Path)
+    where.add_argument("--scan", type=Path)
+    parser.add_argument("--structure", help="The scan's structure (default: from reference.csv beside it).")
+    parser.add_argument("--chain_id", default="A")
+    parser.add_argument("--value_field", help="The scan's value column (default: DMS_score or value).")
+    parser.add_argument(
+        "--adapt",
+        action=argparse.BooleanOptionalAction,
+        help="Whether dpo_inv adapts the model (default: on scans, not on a landscape).",
+    )
+    parser.add_argument("--acquisition", choices=("thompson", "ucb", "greedy"), default="thompson",
+                        help="dpo_inv's batch rule.")  # fmt: skip
     parser.add_argument("--model", default="vanilla/v_48_020")
     parser.add_argument("--initial", type=int, default=96)
     parser.add_argument("--rounds", type=int, default=4)
@@ -89,26 +210,18 @@ def main() -> None:
     parser.add_argument("--first_round", choices=("random", "zero_shot"), default="random")
     parser.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS))
     args = parser.parse_args()
+    torch.set_num_threads(1)
     start = time.time()
-    landscape, letters, fitness = load_landscape(args.landscape)
-    sites = np.array(landscape["site_indices"])
-    chain = landscape["chain_id"]
-    numbers = ",".join(str(n) for n in landscape["site_numbers"])
-    structure = str(args.landscape / landscape["pdb_file"])
-    config = ProposeConfig(campaign="", structure=structure, chain_id=[chain], positions=f"{chain}:{numbers}",
-                           max_mutations=len(sites))  # fmt: skip
-    space, example = design_space(config)
-    variants = np.repeat(space.parent[None, :], len(letters), 0)
-    variants[:, sites] = letters
-    scores = zero_shot(load_model(args.model).eval(), example, space, variants, torch.device("cpu"))
-    print(
-        f"{len(fitness)} variants; zero-shot joint delta_logp scored in {time.time() - start:.0f} s",
-        flush=True,
-    )
+    model = load_model(args.model).eval()
+    if args.landscape:
+        problems = [landscape_problem(args.landscape, model, bool(args.adapt))]
+    else:
+        problems = scan_problems(args.scan, args, model, args.adapt is not False)
+    print(f"{len(problems)} proteins, {sum(len(p.values) for p in problems)} variants; zero-shot scored in "
+          f"{time.time() - start:.0f} s", flush=True)  # fmt: skip
     results = {}
     for method in args.methods:
-        runs = np.array([campaign(method, seed, variants, fitness, scores, space.parent, args)
-                         for seed in range(args.seeds)])  # fmt: skip
+        runs = np.array([campaign(method, seed, p, args) for p in problems for seed in range(args.seeds)])
         mean, se = runs.mean(0), runs.std(0, ddof=1) / np.sqrt(len(runs)) if len(runs) > 1 else 0 * runs[0]
         results[method] = {
             "best_fraction": [

@@ -100,6 +100,9 @@ def test_a_campaign_round_after_round_on_measured_stability(tmp_path):
     assert all(m[1:-1] in ("8", "37", "40") for m in proposed)
     assert float(first["uncertainty"]) > 0 and first["picked_by"] == "thompson"
     assert (campaign / "round_1" / "proposals.fasta").read_text().count(">round1_") == 8
+    adaptation = json.loads((campaign / "round_1" / "adapt.json").read_text())
+    assert adaptation["decision"] in summary["picked_by"]
+    assert (campaign / "round_1" / "model").exists() == (adaptation["decision"] == "adapted")
     again = propose("--campaign", str(campaign))
     assert again.returncode == 2 and "await their measurements" in again.stderr
     assert (campaign / "round_1" / "proposals.csv").read_text().splitlines() == lines
@@ -169,3 +172,22 @@ def test_a_list_of_candidates_is_the_space(tmp_path, model):
     with pytest.raises(ValueError, match=r"bad.csv: no variant column .* among its columns \(name, note\)"):
         dpo_inv.propose(tmp_path / "d", model, structure=str(STRUCTURE), chain_id=["A"],
                         candidates=str(tmp_path / "bad.csv"), batch_size=1)  # fmt: skip
+
+
+def test_a_space_too_large_to_list_is_sampled_from_the_model(tmp_path, model):
+    """Any 3 of 40 positions, 8 amino acids each: 3.5 million variants, more than are listed; the round's
+    candidates are drawn from the model, each within the space (at most 3 mutations, at those positions,
+    of those amino acids), and the batch is 12 distinct ones."""
+    import dpo_inv
+
+    space = {"positions": "A:8-47", "allowed_aas": "AVILMFWY", "max_mutations": 3}
+    summary = dpo_inv.propose(
+        tmp_path / "c", model, structure=str(STRUCTURE), chain_id=["A"], batch_size=12, **space
+    )
+    assert 1000 < summary["candidates"] < 128 * 16
+    rows = (tmp_path / "c" / "round_1" / "proposals.csv").read_text().splitlines()[1:]
+    mutations = [row.split(",")[1].split(":") for row in rows]
+    assert len({":".join(m) for m in mutations}) == 12
+    for variant in mutations:
+        assert 1 <= len(variant) <= 3
+        assert all(8 <= int(m[1:-1]) <= 47 and m[-1] in "AVILMFWY" for m in variant)

@@ -263,6 +263,45 @@ def test_command_honours_chains_fixed_positions_omitted_and_biased_amino_acids(t
         assert designed_letters.count("W") > 0.5 * len(designed_letters)
 
 
+def test_few_mutations_at_redesigned_residues_keep_every_other_residue(tmp_path, capsys):
+    """LigandMPNN's --redesigned_residues with --max_mutations 2: each sample differs from the native
+    sequence at most twice, only at the residues named; at temperature 1 many samples differ."""
+    redesigned = ["10", "20", "30", "40", "50", "60", "70"]
+    run(
+        capsys,
+        *("--structure", str(STRUCTURES / "1hvr.pdb.gz"), "--design_chains", "A", "--fixed_chains", "B"),
+        *("--redesigned_residues", " ".join(f"A{n}" for n in redesigned), "--max_mutations", "2"),
+        *("--temperature", "1", "--num_samples", "24", "--output_dir", str(tmp_path)),
+    )
+    chain = parse_structure(STRUCTURES / "1hvr.pdb.gz")["A"]
+    allowed = {chain.numbers.index(n) for n in redesigned}
+    counts = []
+    for _, sequence in read_fasta(tmp_path / "1hvr.fa"):
+        changed = {i for i, (a, b) in enumerate(zip(sequence, chain.sequence, strict=True)) if a != b}
+        assert changed <= allowed
+        counts.append(len(changed))
+    assert max(counts) == 2 and sum(c > 0 for c in counts) > 12
+    assert "redesigned_residues=A10 A20" in (tmp_path / "1hvr.fa").read_text().splitlines()[0]
+
+
+def test_max_mutations_counts_tied_residues_and_needs_no_structure_order(model):
+    """Tied residues count one mutation each: with at most 3, a homodimer's sample changes one tied pair;
+    two structures decoded together each keep their own limit."""
+    single = prepare_design(STRUCTURES / "2xcjA.pdb.gz", [], [], {})
+    dimer = prepare_design(STRUCTURES / "1hvr.pdb.gz", [], [], {}, homo_oligomer=True)
+    batch = collate([single.example, dimer.example])
+    L, n = batch["mask"].shape[1], len(dimer.tied) // 2
+    tied = torch.arange(L).repeat(2, 1)
+    tied[1, : len(dimer.tied)] = torch.from_numpy(dimer.tied)  # chain B tied to chain A residue by residue
+    samples = sample_sequences(model, batch, 8, 1.0, [1, 2], tied=tied, max_mutations=3)
+    for b in range(2):
+        changed = (samples.tokens[b] != batch["native"][b]) & batch["mask"][b].bool()
+        assert changed.sum(-1).max() <= 3 and changed.sum(-1).min() >= 1
+    dimer_changed = (samples.tokens[1, :, :n] != batch["native"][1, :n]).sum(-1)
+    assert dimer_changed.max() == 1
+    assert torch.equal(samples.tokens[1, :, :n], samples.tokens[1, :, n : 2 * n])
+
+
 def test_command_designs_every_structure_of_a_list(tmp_path, capsys):
     (tmp_path / "structures").mkdir()
     local = tmp_path / "structures" / "2xcjA.pdb"
@@ -298,6 +337,10 @@ def test_command_designs_every_structure_of_a_list(tmp_path, capsys):
         (["--omit_aas", "B"], "omit_aas: unknown amino acid letters 'B'"),
         (["--num_samples", "0"], "num_samples must be > 0"),
         (["--structure_list", "missing.txt"], "missing.txt: structure list not found"),
+        (["--redesigned_residues", "A:1-999"], "--redesigned_residues: chain A has no residue 999"),
+        (["--redesigned_residues", "12A"], "--redesigned_residues: '12A' is not CHAIN+NUMBER"),
+        (["--redesigned_residues", "A1", "--fixed_positions", "A:2"], "--redesigned_residues, not both"),
+        (["--max_mutations", "0"], "--max_mutations 0: give a positive number"),
     ],
 )
 def test_command_reports_bad_input_in_one_line(tmp_path, capsys, args, message):

@@ -107,6 +107,7 @@ def sample_sequences(
     bias: Tensor | None = None,
     tied: Tensor | None = None,
     decoding_order: str = "random",
+    max_mutations: int | None = None,
 ) -> Samples:
     """Sample ``num_samples`` sequences per structure of a ``collate`` batch, decoding incrementally.
 
@@ -125,11 +126,17 @@ def sample_sequences(
     each other), and all members get one token drawn with the mean of their logits (``tied_beta`` = 1), the
     bias and the head's noise. Tied positions must be designed. With ``decoding_order="left_to_right"``
     every sample decodes its (groups of) positions in file order instead.
+
+    With ``max_mutations`` a sample differs from ``batch["native"]`` (the parent) at most there: once a
+    sample holds that many substitutions, each later step keeps the parent's residue (a tied group counts
+    its members).
     """
     if temperature < 0:
         raise ValueError(f"temperature must be >= 0, got {temperature}")
     if num_samples < 1:
         raise ValueError(f"num_samples must be >= 1, got {num_samples}")
+    if max_mutations is not None and max_mutations < 0:
+        raise ValueError(f"max_mutations must be >= 0, got {max_mutations}")
     if len(seeds) != len(batch["mask"]):
         raise ValueError(f"need one seed per structure: {len(seeds)} seeds for {len(batch['mask'])}")
     device = model.device
@@ -175,7 +182,12 @@ def sample_sequences(
         choice = choose_tokens(
             logits, bias, allowed, gather_sample_nodes(noise, head.unsqueeze(1)), temperature
         )
-        token = torch.where(gather_nodes(decoded, positions), choice, gather_nodes(native, positions))
+        parent = gather_nodes(native, positions)
+        if max_mutations is not None:  # room for the group beside the substitutions placed off it
+            own = ((gather_sample_nodes(tokens, positions) != parent) & counted).sum(1, keepdim=True)
+            placed = (tokens != native.unsqueeze(-1)).sum(1, keepdim=True) - own  # [B, 1, N]
+            choice = torch.where(placed + count <= max_mutations, choice, parent)
+        token = torch.where(gather_nodes(decoded, positions), choice, parent)
         scatter_sample_nodes(tokens, positions, token)
         scatter_sample_nodes(h_S, positions, model.W_s(token))
     log_probs = sequence_log_probs(F.log_softmax(model.W_out(states[-1]), -1), tokens) * mask.unsqueeze(-1)

@@ -1,10 +1,11 @@
 """What to measure next: an ensemble predictor of the measured value and the rule that picks a batch.
 
-The predictor is ridge regression on the residues at the positions a campaign varies (one-hot), their pairs
-(one-hot of each pair of positions: the epistasis a four-site library is made of) and the model's zero-shot
-score as one more, unpenalised feature; `members` fits on bootstrap resamples of the measurements give a mean
-and a spread. The batch is the B candidates not yet measured with the highest draw: Thompson sampling
-(each candidate's value drawn from one member), UCB (mean + spread) or greedy (mean).
+The predictor is ridge regression on the residues at the positions a campaign varies (one-hot), whether each
+is mutated (what the single mutants at one position share), their pairs (one-hot of each pair of positions:
+the epistasis a four-site library is made of) and model scores as unpenalised features (the zero-shot score,
+and an adapted model's); `members` fits on bootstrap resamples of the measurements give a mean and a spread.
+The batch is the B candidates not yet measured with the highest draw: Thompson sampling (each candidate's
+value drawn from one member), UCB (mean + spread) or greedy (mean).
 """
 
 from __future__ import annotations
@@ -23,71 +24,86 @@ MAX_PAIR_POSITIONS = 12  # pair features only where the measured variants vary a
 
 @dataclass(frozen=True)
 class VariantColumns:
-    """Column indices of the one-hot (and pair) features of variants at ``positions``."""
+    """Column indices of the features of variants at ``positions``: one-hot residues, whether each position
+    is mutated (``positional``: what single mutants at one position share) and one-hot pairs
+    (``pairwise``)."""
 
     positions: np.ndarray
+    parent: np.ndarray  # the parent's tokens at the positions
     pairwise: bool
+    positional: bool
     vocab: int = 21
 
     @property
     def num_features(self) -> int:
         m, v = len(self.positions), self.vocab
-        return m * v + (m * (m - 1) // 2 * v * v if self.pairwise else 0)
+        pairs = m * (m - 1) // 2 * v * v if self.pairwise else 0
+        return m * v + (m if self.positional else 0) + pairs
 
     def columns(self, variants: np.ndarray) -> np.ndarray:
-        """``[R, F]`` the feature columns set to 1 for each variant (``[R, L]`` tokens)."""
+        """``[R, C]`` the feature columns set to 1 for each variant (``[R, L]`` tokens; a column past the
+        last feature is a placeholder, set for no feature)."""
         tokens = variants[:, self.positions]
         m, v = tokens.shape[1], self.vocab
         columns = [k * v + tokens[:, k] for k in range(m)]
+        offset = m * v
+        if self.positional:
+            unset = self.num_features
+            columns += [np.where(tokens[:, k] != self.parent[k], offset + k, unset) for k in range(m)]
+            offset += m
         if self.pairwise:
-            offset = m * v
             for a, b in itertools.combinations(range(m), 2):
                 columns.append(offset + tokens[:, a] * v + tokens[:, b])
                 offset += v * v
         return np.stack(columns, 1)
 
     def dense(self, variants: np.ndarray) -> np.ndarray:
-        features = np.zeros((len(variants), self.num_features))
+        features = np.zeros((len(variants), self.num_features + 1))
         np.put_along_axis(features, self.columns(variants), 1.0, 1)
-        return features
+        return features[:, :-1]
 
 
 @dataclass(frozen=True)
 class Ensemble:
-    """Ridge models fitted on bootstrap resamples: ``weights [E, F + 1]`` (the score's last) and
+    """Ridge models fitted on bootstrap resamples: ``weights [E, F + S]`` (the S model scores' last) and
     ``intercepts [E]``."""
 
     columns_of: VariantColumns
     weights: np.ndarray
     intercepts: np.ndarray
-    score_scale: float
+    score_scales: np.ndarray  # [S]
 
     def predict(self, variants: np.ndarray, scores: np.ndarray) -> np.ndarray:
-        """``[E, R]``: each member's prediction for each variant."""
+        """``[E, R]``: each member's prediction for each variant (``scores [R, S]``)."""
         columns = self.columns_of.columns(variants)
+        S = len(self.score_scales)
         out = np.empty((len(self.weights), len(variants)))
         for e, (weights, intercept) in enumerate(zip(self.weights, self.intercepts, strict=True)):
-            out[e] = weights[:-1][columns].sum(1) + weights[-1] * scores / self.score_scale + intercept
+            table = np.append(weights[:-S], 0.0)  # the placeholder column weighs nothing
+            out[e] = table[columns].sum(1) + scores / self.score_scales @ weights[-S:] + intercept
         return out
 
 
 def fit_ensemble(variants: np.ndarray, values: np.ndarray, scores: np.ndarray, parent: np.ndarray,
-                 members: int = 10, seed: int = 0, pairwise: bool = True) -> Ensemble:  # fmt: skip
+                 members: int = 10, seed: int = 0, pairwise: bool = True,
+                 positional: bool = True) -> Ensemble:  # fmt: skip
     """Fit the ensemble on measured ``variants [N, L]`` with ``values [N]`` (higher = better) and their
-    zero-shot ``scores [N]``; the penalty is chosen once by cross-validation on all of them."""
+    model scores ``[N, S]`` (unpenalised); the penalty is chosen once by cross-validation on all of them."""
     varied = np.flatnonzero((variants != parent[None, :]).any(0))
-    columns_of = VariantColumns(varied, pairwise and 1 < len(varied) <= MAX_PAIR_POSITIONS)
-    scale = float(np.std(scores)) or 1.0
-    features = np.hstack([columns_of.dense(variants), (scores / scale)[:, None]])
-    alpha = fit_ridge_cv(features, values, 1, seed).alpha
+    pairwise = pairwise and 1 < len(varied) <= MAX_PAIR_POSITIONS
+    columns_of = VariantColumns(varied, parent[varied], pairwise, positional)
+    scales = np.std(scores, axis=0)
+    scales[scales == 0] = 1.0
+    features = np.hstack([columns_of.dense(variants), scores / scales])
+    alpha = fit_ridge_cv(features, values, scores.shape[1], seed).alpha
     rng = np.random.default_rng(seed)
     weights, intercepts = [], []
     for _ in range(members):
         rows = rng.integers(len(values), size=len(values))
-        ridge = fit_ridge(features[rows], values[rows], alpha, 1)
+        ridge = fit_ridge(features[rows], values[rows], alpha, scores.shape[1])
         weights.append(ridge.weights)
         intercepts.append(ridge.intercept)
-    return Ensemble(columns_of, np.array(weights), np.array(intercepts), scale)
+    return Ensemble(columns_of, np.array(weights), np.array(intercepts), scales)
 
 
 def acquisition_values(predictions: np.ndarray, rule: Acquisition, seed: int = 0) -> np.ndarray:
@@ -108,10 +124,16 @@ def choose_batch(measured: np.ndarray, values: np.ndarray, measured_scores: np.n
                  candidates: np.ndarray, candidate_scores: np.ndarray, parent: np.ndarray, batch: int,
                  rule: Acquisition,
                  members: int = 10, fit_seed: int = 0, draw_seed: int = 0,
-                 pairwise: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # fmt: skip
+                 pairwise: bool = True,
+                 positional: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # fmt: skip
     """The batch of ``candidates`` (indices, best first) that ``rule`` picks from the ensemble fitted on the
-    measured variants, and the ensemble's mean and spread for every candidate."""
-    ensemble = fit_ensemble(measured, values, measured_scores, parent, members, fit_seed, pairwise)
+    measured variants, and the ensemble's mean and spread for every candidate; the model scores are
+    ``[N]`` or ``[N, S]`` (several models)."""
+    measured_scores = measured_scores.reshape(len(measured), -1)
+    candidate_scores = candidate_scores.reshape(len(candidates), -1)
+    ensemble = fit_ensemble(
+        measured, values, measured_scores, parent, members, fit_seed, pairwise, positional
+    )
     predictions = ensemble.predict(candidates, candidate_scores)
     picked = top_batch(acquisition_values(predictions, rule, draw_seed), batch)
     return picked, predictions.mean(0), predictions.std(0)

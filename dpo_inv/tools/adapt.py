@@ -1,10 +1,12 @@
 """Few-shot adaptation to one protein's labelled variants: DPO on every pair of them, the number of steps and
 the learning rate chosen by grouped cross-validation, the augmented ridge baseline in the same folds.
 
-Each variant is scored as `dpo_inv.score` scores it (`delta_logp`, the conditional estimator: each substituted
-position decoded last given the rest of the wild type). Only the last decoder layer and the output head are
-trained: the states below them are computed once per structure, so a training step costs one pass of one
-layer, and cross-validation over a grid of learning rates and lengths takes seconds to minutes on a CPU.
+Each variant is scored as `dpo_inv.score` scores it (`delta_logp`): a single mutant by the conditional
+estimator (the substituted position decoded last given the rest of the wild type), a multi-mutant by the
+joint estimator (its substituted positions decoded last, each given those already placed). Only the last
+decoder layer and the output head are trained: the states below them are computed once per structure, so a
+training step costs one pass of one layer, and cross-validation over a grid of learning rates and lengths
+takes seconds to minutes on a CPU.
 """
 
 from __future__ import annotations
@@ -21,9 +23,10 @@ import torch
 from accelerate import PartialState
 from accelerate.utils import gather_object
 
-from dpo_inv.data.batches import PreferenceDataset, collate
+from dpo_inv.data.batches import PreferenceDataset, collate, structure_inputs
 from dpo_inv.data.dataset import SEQUENCE_FIELDS, PairDataset, load_pairs
 from dpo_inv.data.records import Data, DataError, write_json
+from dpo_inv.models.combinations import Slots, joint_plan, joint_slots, slot_head
 from dpo_inv.models.mpnn import ProteinMPNN, derive_seed
 from dpo_inv.models.variants import (
     ConditionalStates,
@@ -110,14 +113,21 @@ class VariantSet:
     labels: np.ndarray
     variants: np.ndarray  # [records, L] tokens of each sequence
     wildtype: np.ndarray  # [L] tokens of the wild type
-    states: ConditionalStates  # decoder states below the last layer, one pass per substituted position
-    changes: torch.Tensor  # sparse [records, positions * vocab]: +1 at (p, variant_p), -1 at (p, wildtype_p)
+    # what the last decoder layer reads: one state per substituted position (the conditional estimator:
+    # every variant a single mutant), or one per slot of the joint estimator (some variant has several)
+    states: ConditionalStates | Slots
+    changes: (
+        torch.Tensor
+    )  # sparse [records, rows * vocab]: +w at (row, variant token), -w at (row, wild type)
     reference: torch.Tensor  # delta_logp of each record under the starting model
 
     def deltas(self, model: ProteinMPNN) -> torch.Tensor:
         """`delta_logp` of every record under `model` (differentiable in its last layer and head)."""
-        table = conditional_head(model, self.states).reshape(-1, 1)
-        return torch.sparse.mm(self.changes, table).squeeze(1)
+        if isinstance(self.states, Slots):
+            table = slot_head(model, self.states)
+        else:
+            table = conditional_head(model, self.states)
+        return torch.sparse.mm(self.changes, table.reshape(-1, 1)).squeeze(1)
 
     def subset(self, rows: np.ndarray) -> VariantSet:
         """The set of records ``rows`` (indices into this set's records) on the same states."""
@@ -134,25 +144,35 @@ class VariantSet:
         )
 
 
-def variant_sets(
-    model: ProteinMPNN, data: PairDataset, labels: np.ndarray, config: AdaptConfig, device: torch.device
-) -> list[VariantSet]:
-    """One `VariantSet` per (structure, wild type) of the data, with its decoder states computed once."""
-    dataset = PreferenceDataset(data)
-    sets = []
-    for group in group_variants(dataset):
-        batch = {k: v.to(device) for k, v in collate([dataset[group.records[0]]]).items()}
-        positions = group.positions or [0]
-        seed = (
-            None
-            if config.decoding_order == "left_to_right"
-            else derive_seed(config.seed, 0, group.records[0])
-        )
+def variant_set(
+    model: ProteinMPNN,
+    batch: dict[str, torch.Tensor],
+    variants: np.ndarray,
+    labels: np.ndarray,
+    seed: int | None,
+    structure_id: int = 0,
+    records: np.ndarray | None = None,
+) -> VariantSet:
+    """The `VariantSet` of ``variants [R, L]`` (tokens) on the one structure of ``batch`` (its `rejected`
+    sequence the wild type), the other residues decoded left to right (``seed=None``) or in an order drawn
+    from ``seed``: the conditional estimator's states when every variant is a single mutant, else the joint
+    estimator's slots (`dpo_inv.models.combinations`; equal on single mutants)."""
+    device = batch["mask"].device
+    wildtype = batch["rejected"][0].cpu().numpy()
+    changed = variants != wildtype[None, :]
+    vocab = model.config.vocab_size
+    if changed.sum(1).max(initial=0) > 1:
+        L = len(wildtype)
+        order = np.arange(L) if seed is None else np.random.default_rng(seed).permutation(L)
+        plan = joint_plan(wildtype, variants, order, vocab)
+        with torch.no_grad():
+            enc = model.encode(**structure_inputs(batch))
+        states: ConditionalStates | Slots = joint_slots(model, enc, batch["rejected"][0], plan)
+        changes = plan.changes.to(device)
+    else:
+        positions = sorted(set(np.flatnonzero(changed.any(0)).tolist())) or [0]
         states = conditional_states(model, batch, positions, seed)
         row = {p: i for i, p in enumerate(positions)}
-        vocab = model.config.vocab_size
-        wildtype = batch["rejected"][0].cpu().numpy()
-        variants = np.stack([np.asarray(dataset.pairs[record]["chosen"]) for record in group.records])
         index, value = [], []
         for r, variant in enumerate(variants):
             for p in np.flatnonzero(variant != wildtype):
@@ -161,23 +181,33 @@ def variant_sets(
         changes = torch.sparse_coo_tensor(
             torch.tensor(index, dtype=torch.long).reshape(-1, 2).T,
             torch.tensor(value),
-            (len(group.records), len(positions) * vocab),
+            (len(variants), len(positions) * vocab),
             device=device,
             check_invariants=False,
         ).coalesce()
-        variant_set = VariantSet(
-            group.structure_id,
-            np.array(group.records),
-            labels[group.records],
-            variants,
-            wildtype,
-            states,
-            changes,
-            torch.empty(0),
+    records = np.arange(len(variants)) if records is None else records
+    result = VariantSet(structure_id, records, labels, variants, wildtype, states, changes, torch.empty(0))
+    with torch.no_grad():
+        result.reference = result.deltas(model)
+    return result
+
+
+def variant_sets(
+    model: ProteinMPNN, data: PairDataset, labels: np.ndarray, config: AdaptConfig, device: torch.device
+) -> list[VariantSet]:
+    """One `VariantSet` per (structure, wild type) of the data, with its decoder states computed once."""
+    dataset = PreferenceDataset(data)
+    sets = []
+    for group in group_variants(dataset):
+        batch = {k: v.to(device) for k, v in collate([dataset[group.records[0]]]).items()}
+        seed = (
+            None
+            if config.decoding_order == "left_to_right"
+            else derive_seed(config.seed, 0, group.records[0])
         )
-        with torch.no_grad():
-            variant_set.reference = variant_set.deltas(model)
-        sets.append(variant_set)
+        variants = np.stack([np.asarray(dataset.pairs[record]["chosen"]) for record in group.records])
+        records = np.array(group.records)
+        sets.append(variant_set(model, batch, variants, labels[records], seed, group.structure_id, records))
     return sets
 
 
@@ -361,6 +391,7 @@ class Adapted:
     ridge: list[dict]  # ... of the augmented ridge baseline, out of fold
     start_mean: float
     ridge_mean: float
+    out_of_fold: list[np.ndarray]  # per set, each record's delta_logp by a model that did not train on it
 
 
 def choose_and_train(model: ProteinMPNN, sets: list[VariantSet], config: AdaptConfig) -> Adapted:
@@ -373,6 +404,7 @@ def choose_and_train(model: ProteinMPNN, sets: list[VariantSet], config: AdaptCo
     ridge_mean, ridge = mean_spearman(ridge_out_of_fold(sets, folds, config.seed), sets)
     _, adapted = mean_spearman(out_of_fold[best.learning_rate][best.max_steps], sets)
     count = sum(len(s.records) for s in sets)
+    held_out = out_of_fold[best.learning_rate][best.max_steps]
     if count < config.min_labels:
         decision = f"kept the starting model: {count} labelled sequences, fewer than --min_labels "
         decision += str(config.min_labels)
@@ -385,7 +417,9 @@ def choose_and_train(model: ProteinMPNN, sets: list[VariantSet], config: AdaptCo
         decision = "adapted"
         everything = [np.ones(len(s.records), dtype=bool) for s in sets]
         model, _ = train_head(model, sets, everything, best.learning_rate, [best.max_steps], config)
-    return Adapted(model, decision, best, grid, start, adapted, ridge, start_mean, ridge_mean)
+    if decision != "adapted":
+        held_out = [s.reference.cpu().numpy() for s in sets]
+    return Adapted(model, decision, best, grid, start, adapted, ridge, start_mean, ridge_mean, held_out)
 
 
 def check_options(config: AdaptConfig) -> None:

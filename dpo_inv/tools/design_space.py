@@ -15,7 +15,7 @@ import numpy as np
 from dpo_inv.structures.parse import ALPHABET, AMINO_ACIDS
 
 MUTATION = re.compile(r"^([A-Z])([A-Za-z]?)(-?\d+[A-Za-z]?)([A-Z])$")
-MAX_CANDIDATES = 2_000_000  # variants a design space may enumerate: a larger one is refused
+MAX_CANDIDATES = 2_000_000  # variants a design space may enumerate: a larger one is sampled
 
 
 @dataclass(frozen=True)

@@ -3,8 +3,10 @@
 A campaign is one folder. `campaign.json` holds its design space (structure, chains, parent, positions,
 allowed amino acids, at most k mutations, or a list of candidates) and the model; `round_N/proposals.csv`
 and `round_N/proposals.fasta` each round's batch; `round_N/measurements.csv` what came back (any rows:
-controls that were never proposed too). Each call reads every measurement, fits the ensemble predictor of
-`dpo_inv.tools.acquisition` on them (over the model's zero-shot joint score) and writes the next round.
+controls that were never proposed too). Each call reads every measurement, adapts the model to them
+(`dpo_inv.adapt`: written to `round_N/model` with `round_N/adapt.json` when cross-validation keeps it), fits
+the ensemble predictor of `dpo_inv.tools.acquisition` on them over the model's joint score, and writes the
+next round.
 """
 
 from __future__ import annotations
@@ -22,17 +24,24 @@ import torch
 from dpo_inv.data.batches import collate, structure_inputs
 from dpo_inv.data.measurements import Measurement, read_measurements, read_variants
 from dpo_inv.data.records import DataError, write_json, write_text
-from dpo_inv.models.combinations import joint_deltas, joint_plan
-from dpo_inv.models.mpnn import ProteinMPNN
+from dpo_inv.models.combinations import MAX_ORDERS, joint_deltas, joint_plan
+from dpo_inv.models.mpnn import ProteinMPNN, derive_seed
+from dpo_inv.models.sampling import sample_sequences
+from dpo_inv.models.variants import conditional_log_probs, round_metric
 from dpo_inv.models.weights import as_model
 from dpo_inv.structures.parse import ALPHABET, AMINO_ACIDS, StructureError, tokenize
 from dpo_inv.tools.acquisition import choose_batch, top_batch
+from dpo_inv.tools.adapt import AdaptConfig, Adapted, choose_and_train, variant_set
 from dpo_inv.tools.design_space import MAX_CANDIDATES, DesignSpace, parse_allowed
 from dpo_inv.tools.sample import fixed_indices, parse_fixed_positions, prepare_design
 from dpo_inv.training.launch import resolve_device
 
 CAMPAIGN_FILE = "campaign.json"
 MIN_MEASURED = 8  # fewer measurements: the batch is the zero-shot score's best
+# where the space is too large to list: this many sets of positions, this many samples on each
+SAMPLED_SETS = 128
+SAMPLES_PER_SET = 16
+SETS_PER_PASS = 16
 
 
 @dataclass
@@ -73,6 +82,11 @@ class ProposeConfig:
         default="thompson", metadata={"help": "thompson, ucb (mean + spread) or greedy (mean)."}
     )
     members: int = field(default=10, metadata={"help": "Ensemble members (bootstrap fits)."})
+    adapt: bool = field(
+        default=True,
+        metadata={"help": "Adapt the model to the measurements first (dpo_inv.adapt's cross-validated DPO; "
+                  "the model is kept where that does not rank held-out measurements better)."},
+    )  # fmt: skip
     seed: int = field(default=0, metadata={"help": "Seed of the bootstrap and of Thompson draws."})
     device: str | None = field(default=None, metadata={"help": "cpu, cuda, xpu, ...; default: the best."})
 
@@ -88,7 +102,7 @@ class ProposeConfig:
 # settings (a later call that gives none of these takes the saved ones)
 DESIGN_FIELDS = ("structure", "chain_id", "positions", "allowed_aas", "max_mutations", "parent", "candidates",
                  "model", "value_field", "lower_is_better")  # fmt: skip
-ROUND_FIELDS = ("batch_size", "acquisition", "members")
+ROUND_FIELDS = ("batch_size", "acquisition", "members", "adapt")
 
 
 def settle_campaign(config: ProposeConfig) -> ProposeConfig:
@@ -222,30 +236,95 @@ def read_campaign_measurements(folder: Path, config: ProposeConfig) -> list[Meas
     return rows
 
 
-def candidate_variants(space: DesignSpace, config: ProposeConfig) -> np.ndarray:
+def candidate_variants(space: DesignSpace, config: ProposeConfig, model: ProteinMPNN, example: dict[str, Any],
+                       device: torch.device) -> np.ndarray:  # fmt: skip
+    """The variants a round chooses from: the candidates file's, every variant of the space, or, where the
+    space holds more than `MAX_CANDIDATES`, variants drawn from the model."""
     if config.candidates is not None:
         variants = [variant_tokens(space, row) for row in read_variants(config.candidates)]
         return np.unique(np.array(variants, dtype=np.int64).reshape(-1, len(space.parent)), axis=0)
-    size = space.size()
-    if size > MAX_CANDIDATES:
-        raise ValueError(
-            f"the design space holds {size:,} variants, more than {MAX_CANDIDATES:,} to score: lower "
-            "--max_mutations, narrow --positions or --allowed_aas, or give --candidates"
-        )
+    if space.size() > MAX_CANDIDATES:
+        return sampled_variants(model, example, space, config.seed, device)
     return space.enumerate()
 
 
 @torch.no_grad()
+def sampled_variants(model: ProteinMPNN, example: dict[str, Any], space: DesignSpace, seed: int,
+                     device: torch.device) -> np.ndarray:  # fmt: skip
+    """Distinct variants of the space drawn from the model: `SAMPLED_SETS` sets of at most k positions,
+    drawn by how much the model would change each one (its probability of an allowed substitution there,
+    the rest of the parent given), then `SAMPLES_PER_SET` samples at temperature 1 with only the set
+    designed; amino acids the space does not allow are left out."""
+    visible = np.asarray(example["native"][len(space.parent) :])
+    parent = torch.from_numpy(np.concatenate([space.parent, visible]))
+    base = {**example, "native": parent, "chosen": parent, "rejected": parent}
+    batch = {k: v.to(device) for k, v in collate([base]).items()}
+    probs = conditional_log_probs(model, batch, space.positions.tolist(), None).exp().cpu().numpy()
+    weights = np.array([probs[i, tokens].sum() for i, tokens in enumerate(space.allowed)]) + 1e-9
+    rng = np.random.default_rng(seed)
+    k = min(space.max_mutations, len(space.positions))
+    sets: dict[tuple[int, ...], None] = {}
+    for _ in range(4 * SAMPLED_SETS):  # Gumbel top-k: k positions drawn without replacement
+        keys = np.log(weights) + rng.gumbel(size=len(weights))
+        sets.setdefault(tuple(sorted(space.positions[np.argsort(-keys)[:k]].tolist())))
+        if len(sets) == SAMPLED_SETS:
+            break
+    anywhere = {int(t) for tokens in space.allowed for t in tokens}
+    omit = "".join(a for a in AMINO_ACIDS if ALPHABET.index(a) not in anywhere)
+    allowed = np.zeros((len(space.parent), len(ALPHABET)), dtype=bool)
+    allowed[np.arange(len(space.parent)), space.parent] = True
+    for position, tokens in zip(space.positions, space.allowed, strict=True):
+        allowed[position, tokens] = True
+    found = []
+    chosen = list(sets)
+    for start in range(0, len(chosen), SETS_PER_PASS):
+        examples = []
+        for positions in chosen[start : start + SETS_PER_PASS]:
+            mutable = np.zeros(len(space.parent), np.float32)
+            mutable[list(positions)] = 1
+            examples.append({**base, "mutable": mutable})
+        seeds = [derive_seed(seed, start + i) for i in range(len(examples))]
+        samples = sample_sequences(model, collate(examples), SAMPLES_PER_SET, 1.0, seeds, omit,
+                                   max_mutations=k)  # fmt: skip
+        tokens = samples.tokens[:, :, : len(space.parent)].reshape(-1, len(space.parent)).cpu().numpy()
+        found.append(tokens[allowed[np.arange(tokens.shape[1]), tokens].all(1)])
+    variants = np.unique(np.concatenate(found), axis=0)
+    return variants[(variants != space.parent).any(1)]
+
+
+@torch.no_grad()
 def zero_shot(model: ProteinMPNN, example: dict[str, Any], space: DesignSpace, variants: np.ndarray,
-              device: torch.device) -> np.ndarray:  # fmt: skip
-    """The model's joint `delta_logp` of each variant against the parent."""
+              device: torch.device, max_orders: int = MAX_ORDERS) -> np.ndarray:  # fmt: skip
+    """The model's joint `delta_logp` of each variant against the parent (its mutated positions decoded in
+    at most ``max_orders`` orders)."""
     batch = {k: v.to(device) for k, v in collate([example]).items()}
     enc = model.encode(**structure_inputs(batch))
     visible = np.asarray(example["native"][len(space.parent) :])  # the chains not designed
     parent = np.concatenate([space.parent, visible])
     variants = np.hstack([variants, np.broadcast_to(visible, (len(variants), len(visible)))])
-    plan = joint_plan(parent, variants, np.arange(len(parent)), model.config.vocab_size)
+    plan = joint_plan(parent, variants, np.arange(len(parent)), model.config.vocab_size, max_orders)
     return joint_deltas(model, enc, torch.from_numpy(parent).to(device), plan).numpy().astype(np.float64)
+
+
+def adapt_to_measurements(model: ProteinMPNN, example: dict[str, Any], space: DesignSpace,
+                          measured: np.ndarray, values: np.ndarray, seed: int,
+                          device: torch.device) -> Adapted:  # fmt: skip
+    """`dpo_inv.adapt` on the measured variants (higher values better): the model to score candidates with,
+    and each measurement's score by a model that did not train on it."""
+    visible = np.asarray(example["native"][len(space.parent) :])
+    parent = torch.from_numpy(np.concatenate([space.parent, visible]))
+    batch = {k: v.to(device) for k, v in collate([{**example, "chosen": parent, "rejected": parent}]).items()}
+    variants = np.hstack([measured, np.broadcast_to(visible, (len(measured), len(visible)))])
+    config = AdaptConfig(decoding_order="left_to_right", seed=seed)
+    return choose_and_train(model, [variant_set(model, batch, variants, values, None)], config)
+
+
+def adaptation_report(adapted: Adapted) -> dict[str, Any]:
+    """What `round_N/adapt.json` says of the round's adaptation."""
+    return {"decision": adapted.decision, "learning_rate": adapted.best.learning_rate,
+            "max_steps": adapted.best.max_steps, "cv_spearman_start": round_metric(adapted.start_mean),
+            "cv_spearman_adapted": round_metric(adapted.best.spearman),
+            "cv_spearman_augmented_ridge": round_metric(adapted.ridge_mean)}  # fmt: skip
 
 
 def propose_round(config: ProposeConfig, model: ProteinMPNN | None = None) -> dict[str, Any]:
@@ -270,7 +349,9 @@ def propose_round(config: ProposeConfig, model: ProteinMPNN | None = None) -> di
     rows = read_campaign_measurements(folder, config)
     measured, values = measured_variants(space, rows)
     values = -values if config.lower_is_better else values
-    candidates = candidate_variants(space, config)
+    device = resolve_device(config.device)
+    model = (model or as_model(config.model)).to(device).eval()
+    candidates = candidate_variants(space, config, model, example, device)
     if len(measured):
         candidates = candidates[~np.isin(_keys(candidates), _keys(measured))]
     if config.batch_size > len(candidates):
@@ -278,9 +359,17 @@ def propose_round(config: ProposeConfig, model: ProteinMPNN | None = None) -> di
             f"--batch_size {config.batch_size}: only {len(candidates)} candidates are left unmeasured; "
             "propose fewer or widen the design space"
         )
-    device = resolve_device(config.device)
-    model = (model or as_model(config.model)).to(device).eval()
-    scores = zero_shot(model, example, space, np.vstack([candidates, measured]), device)
+    # sampled candidates mutate hundreds of position sets: one order each
+    orders = 1 if config.candidates is None and space.size() > MAX_CANDIDATES else MAX_ORDERS
+    scores = zero_shot(model, example, space, np.vstack([candidates, measured]), device, orders)[:, None]
+    adapted = None
+    if config.adapt and len(measured) >= AdaptConfig.min_labels and np.ptp(values) > 0:
+        adapted = adapt_to_measurements(model, example, space, measured, values, config.seed, device)
+    if adapted is not None and adapted.decision == "adapted":
+        # the adapted model's score beside the zero-shot one; of the measured variants, cross-fitted (by
+        # models that did not train on them), so that the ensemble weighs it by what it predicts
+        tuned = zero_shot(adapted.model.eval(), example, space, candidates, device, orders)
+        scores = np.hstack([scores, np.r_[tuned, adapted.out_of_fold[0]][:, None]])
     candidate_scores, measured_scores = scores[: len(candidates)], scores[len(candidates) :]
     if len(measured) >= MIN_MEASURED and np.ptp(values) > 0:
         draw_seed = config.seed + len(measured)
@@ -288,9 +377,10 @@ def propose_round(config: ProposeConfig, model: ProteinMPNN | None = None) -> di
                                             space.parent, config.batch_size, config.acquisition,
                                             config.members, config.seed, draw_seed)  # fmt: skip
         rule = config.acquisition
-        why = f"{config.acquisition} on the ensemble of {config.members} ({len(measured)} measured)"
+        why = f"{config.acquisition} on the ensemble of {config.members} ({len(measured)} measured"
+        why += f"; model {adapted.decision})" if adapted else ")"
     else:
-        picked = top_batch(candidate_scores, config.batch_size)
+        picked = top_batch(candidate_scores[:, 0], config.batch_size)
         mean = spread = np.full(len(candidates), np.nan)
         rule = "zero_shot"
         why = f"zero-shot joint delta_logp ({len(measured)} measured, fewer than {MIN_MEASURED} to fit on)"
@@ -303,13 +393,17 @@ def propose_round(config: ProposeConfig, model: ProteinMPNN | None = None) -> di
         sequence = "".join(ALPHABET[t] for t in candidates[i])
         mutations = space.mutations(candidates[i])
         table.append(f"{rank},{mutations},{sequence},{_number(sign * mean[i])},{_number(spread[i])},"
-                     f"{candidate_scores[i]:.4f},{rule}")  # fmt: skip
+                     f"{candidate_scores[i, 0]:.4f},{rule}")  # fmt: skip
         fasta.append(f">round{n}_{rank:03d} {mutations} predicted={_number(sign * mean[i])} "
                      f"uncertainty={_number(spread[i])}\n{sequence}\n")  # fmt: skip
     staging = folder / f".round_{n}.tmp"
     shutil.rmtree(staging, ignore_errors=True)
     write_text(staging / "proposals.csv", "\n".join(table) + "\n")
     write_text(staging / "proposals.fasta", "".join(fasta))
+    if adapted is not None:
+        write_json(staging / "adapt.json", adaptation_report(adapted))
+        if adapted.decision == "adapted":
+            adapted.model.save_pretrained(staging / "model")
     staging.replace(out)
     return {"round": n, "measured": len(measured), "candidates": len(candidates), "proposed": len(picked),
             "picked_by": why, "proposals": str(out / "proposals.csv"), "fasta": str(out / "proposals.fasta"),

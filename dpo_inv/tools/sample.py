@@ -80,6 +80,17 @@ class SampleConfig:
             '"A:1-10,15 B:3,52A" (ranges inclusive, in file order).'
         },
     )
+    redesigned_residues: str = field(
+        default="",
+        metadata={
+            "help": "Only these residues are designed, every other residue of the designed chains keeps "
+            'its native amino acid, as LigandMPNN: "A12 A13 B52A" (or "A:12-20,25").'
+        },
+    )
+    max_mutations: int | None = field(
+        default=None,
+        metadata={"help": "At most this many residues of a sample differ from the native sequence."},
+    )
     tied_positions: list[str] = field(
         default_factory=list,
         metadata={
@@ -128,6 +139,10 @@ class SampleConfig:
         if self.structure is None and self.structure_list is None:
             raise ValueError("give --structure or --structure_list")
         check_signs(self, positive=("num_samples", "batch_size"), non_negative=("temperature", "seed"))
+        if self.max_mutations is not None and self.max_mutations < 1:
+            raise ValueError(f"--max_mutations {self.max_mutations}: give a positive number")
+        if self.redesigned_residues and self.fixed_positions:
+            raise ValueError("give --fixed_positions or --redesigned_residues, not both")
 
 
 def parse_bias(spec: str) -> Tensor:
@@ -164,6 +179,19 @@ def parse_fixed_positions(
                 )
             fixed.setdefault(chain_id, []).append((match[1], match[2] or match[1]))
     return fixed
+
+
+def parse_redesigned_residues(spec: str) -> dict[str, list[tuple[str, str]]]:
+    """LigandMPNN's ``"A12 A13 B52A"`` (or ``"A:12-20,25"``) -> ``{"A": [("12", "12"), ...], ...}``."""
+    if ":" in spec:
+        return parse_fixed_positions([spec], "--redesigned_residues")
+    residues: dict[str, list[tuple[str, str]]] = {}
+    for token in spec.split():
+        match = re.match(rf"^([A-Za-z]+)({RESIDUE})$", token)
+        if match is None:
+            raise ValueError(f"--redesigned_residues: {token!r} is not CHAIN+NUMBER such as A12 or B52A")
+        residues.setdefault(match[1], []).append((match[2].upper(), match[2].upper()))
+    return residues
 
 
 Tie = list[tuple[str, list[tuple[str, str]]]]  # the residue ranges of each chain of one tie
@@ -287,10 +315,11 @@ def prepare_design(
     options: ParseOptions = PROTEINMPNN_PARSE,
     ties: Sequence[Tie] = (),
     homo_oligomer: bool = False,
+    redesigned: dict[str, list[tuple[str, str]]] | None = None,
 ) -> Design:
     """Parse and featurize ``path`` as ``options`` say; without ``design_chains``, every chain not fixed is
-    designed. Tied residues (``ties``, or ``homo_oligomer``) get one amino acid; a missing one is left out
-    of its tie."""
+    designed; with ``redesigned``, only those residues of them. Tied residues (``ties``, or
+    ``homo_oligomer``) get one amino acid; a missing one is left out of its tie."""
     structure = read_model(path)
     chains = protein_chains(structure, path, options)
     design = list(design_chains) or [c for c in chains if c not in fixed_chains]
@@ -299,21 +328,25 @@ def prepare_design(
     mutable = np.ones(num_designed, dtype=np.float32)
     lengths = [len(chains[c].sequence) for c in design]
     starts = np.cumsum([0, *lengths]).tolist()
-    for chain_id, ranges in fixed_positions.items():
+    option = "--fixed_positions" if redesigned is None else "--redesigned_residues"
+    if redesigned is not None:
+        mutable[:] = 0
+    for chain_id, ranges in (fixed_positions if redesigned is None else redesigned).items():
         if chain_id not in chains:
             raise StructureError(
-                f"{path}: --fixed_positions: chain {chain_id!r} not found "
-                f"(chains present: {', '.join(chains)})"
+                f"{path}: {option}: chain {chain_id!r} not found (chains present: {', '.join(chains)})"
             )
         if chain_id not in design:
             raise StructureError(
-                f"{path}: --fixed_positions: chain {chain_id!r} is not designed "
-                f"(designed: {', '.join(design)})"
+                f"{path}: {option}: chain {chain_id!r} is not designed (designed: {', '.join(design)})"
             )
         start = starts[design.index(chain_id)]
-        mutable[[start + i for i in fixed_indices(chains[chain_id], ranges, path)]] = 0
+        mutable[[start + i for i in fixed_indices(chains[chain_id], ranges, path, option)]] = (
+            0 if redesigned is None else 1
+        )
     if not (mutable * features.mask[:num_designed]).any():
-        raise StructureError(f"{path}: --fixed_positions fixes every observed residue of chains {design}")
+        what = "fixes every" if redesigned is None else "designs no"
+        raise StructureError(f"{path}: {option} {what} observed residue of chains {design}")
     tied = np.arange(len(features.mask))
     for group in tied_groups(chains, design, starts, list(ties), homo_oligomer, path):
         present = [i for i in group if features.mask[i]]
@@ -368,6 +401,7 @@ def sample_structure(
             bias,
             tied,
             config.decoding_order,
+            config.max_mutations,
         )
         pairs = zip(samples.tokens[0].cpu(), samples.log_probs[0].cpu(), strict=True)
         for i, (tokens, log_probs) in enumerate(pairs):
@@ -401,8 +435,9 @@ def run_settings(config: SampleConfig) -> str:
                 "fixed_positions": " ".join(config.fixed_positions), "omit_aas": config.omit_aas,
                 "bias_aas": config.bias_aas, "tied_positions": " ".join(config.tied_positions),
                 "homo_oligomer": "true" if config.homo_oligomer else "",
-                "decoding_order": config.decoding_order if config.decoding_order != "random" else ""
-                }  # fmt: skip
+                "decoding_order": config.decoding_order if config.decoding_order != "random" else "",
+                "redesigned_residues": config.redesigned_residues,
+                "max_mutations": "" if config.max_mutations is None else config.max_mutations}  # fmt: skip
     return "|".join(f"{key}={value}" for key, value in settings.items() if value != "")
 
 
@@ -427,6 +462,7 @@ def prepare_designs(
     """The designs of the structures at `paths` as the model of `model_config` reads them, and the logit
     bias; every input is checked here, before any sampling."""
     fixed = parse_fixed_positions(config.fixed_positions)
+    redesigned = parse_redesigned_residues(config.redesigned_residues) if config.redesigned_residues else None
     ties = parse_tied_positions(config.tied_positions)
     if ties and config.homo_oligomer:
         raise ValueError("give --tied_positions or --homo_oligomer, not both")
@@ -435,7 +471,14 @@ def prepare_designs(
     options = parse_options(model_config, config.ligand_context, config.ligand_exclude)
     designs = [
         prepare_design(
-            p, config.design_chains, config.fixed_chains, fixed, options, ties, config.homo_oligomer
+            p,
+            config.design_chains,
+            config.fixed_chains,
+            fixed,
+            options,
+            ties,
+            config.homo_oligomer,
+            redesigned,
         )
         for p in paths
     ]
@@ -454,6 +497,8 @@ def sample(
     design_chains: Sequence[str] = (),
     fixed_chains: Sequence[str] = (),
     fixed_positions: Sequence[str] = (),
+    redesigned_residues: str = "",
+    max_mutations: int | None = None,
     tied_positions: Sequence[str] = (),
     homo_oligomer: bool = False,
     omit_aas: str = "",
@@ -472,12 +517,14 @@ def sample(
     Each record holds `structure` (the path as given), `design_chains`, `fixed_chains`, `sample` (from 1),
     `temperature`, `seed`, `sequence` (the designed chains, in order), `log_likelihood` (mean log p of the
     designed residues) and `recovery` (their fraction of native residues). `fixed_positions` are author
-    residue numbers such as `"A:1-10,15 B:3"`, `tied_positions` such as `"A:1-10=B:1-10"` (one amino acid
-    per tie); see `python -m dpo_inv.sample --help` for the other options.
+    residue numbers such as `"A:1-10,15 B:3"`, `redesigned_residues` the only ones designed, as LigandMPNN
+    (`"A12 A13 B52A"`), `max_mutations` the most residues a sample changes, `tied_positions` such as
+    `"A:1-10=B:1-10"` (one amino acid per tie); see `python -m dpo_inv.sample --help` for the other options.
     """
     paths = [structure] if isinstance(structure, (str, os.PathLike)) else list(structure)
     config = SampleConfig(output_dir="", structure=str(paths[0]), design_chains=list(design_chains),
                           fixed_chains=list(fixed_chains), fixed_positions=list(fixed_positions),
+                          redesigned_residues=redesigned_residues, max_mutations=max_mutations,
                           tied_positions=list(tied_positions), homo_oligomer=homo_oligomer,
                           num_samples=num_samples, temperature=temperature, omit_aas=omit_aas,
                           bias_aas=bias_aas, decoding_order=decoding_order, batch_size=batch_size, seed=seed,
