@@ -50,7 +50,9 @@ def test_folds_keep_every_position_on_one_side_and_near_duplicate_designs_togeth
     for k in range(5):
         assert not set(positions[folds == k]) & set(positions[folds != k])
     assert np.bincount(folds).max() - np.bincount(folds).min() <= 6  # balanced by whole positions
-    # designs: two near-duplicates (2 differences in 48) share a group, a distant design does not
+    # designs: two near-duplicates (2 differences among their 12 mutated positions) share a group, a
+    # distant design does not; double mutants that share one mutation stay apart
+
     wildtype = wildtypes[0]
     design = wildtype.copy()
     design[:10] = (design[:10] + 1) % 20
@@ -58,8 +60,11 @@ def test_folds_keep_every_position_on_one_side_and_near_duplicate_designs_togeth
     near[20:22] = (near[20:22] + 1) % 20
     far = wildtype.copy()
     far[30:45] = (far[30:45] + 2) % 20
-    groups = variant_groups([design, near, far], [wildtype] * 3, [0, 0, 0])
-    assert groups[0] == groups[1] != groups[2]
+    doubles = [wildtype.copy() for _ in range(2)]
+    for double, positions in zip(doubles, ([5, 9], [5, 30]), strict=True):
+        double[positions] = (double[positions] + 1) % 20
+    groups = variant_groups([design, near, far, *doubles], [wildtype] * 5, [0] * 5)
+    assert groups[0] == groups[1] != groups[2] and groups[3] != groups[4]
 
 
 def test_ridge_matches_the_normal_equations_with_an_unpenalised_score():

@@ -4,6 +4,7 @@ real measurements (stability of a small domain), and its bad input."""
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,10 +13,11 @@ from conftest import EXAMPLE, ROOT
 
 from dpo_inv.data.batches import PreferenceDataset, collate, structure_inputs
 from dpo_inv.data.dataset import SEQUENCE_FIELDS, load_pairs
-from dpo_inv.models.combinations import joint_deltas, joint_plan, joint_slots, rotations, slot_head
-from dpo_inv.models.variants import conditional_deltas
+from dpo_inv.models.combinations import Slots, joint_deltas, joint_plan, joint_slots, rotations, slot_head
+from dpo_inv.models.variants import conditional_deltas, spearman
 from dpo_inv.models.weights import load_model
 from dpo_inv.propose import main as propose_main
+from dpo_inv.tools.adapt import AdaptConfig, train_head, variant_set
 
 STRUCTURE = EXAMPLE / "adapt" / "2jws_A_7-54.pdb.gz"
 LABELLED = EXAMPLE / "adapt" / "labelled.jsonl"
@@ -70,6 +72,71 @@ def test_joint_equals_conditional_on_singles_and_the_decoder_on_combinations(mod
             expected.append(float(sum(variant[p, V[i][p]] - parent[p, W[p]] for p in M)))
         assert joint[i] == pytest.approx(np.mean(expected), abs=1e-4)
     assert max(abs(joint[i] - additive[i]) for i in range(len(singles), len(V))) > 0.05
+
+
+def test_adapt_trains_combinations_on_the_joint_score(model):
+    """adapt's set of double mutants holds the joint estimator's slots: its scores equal `joint_deltas`,
+    and training on labels (the sum of the measured singles' stabilities) moves them toward the labels."""
+    doubles = double_mutants(labelled(), 36)
+    labels = [row["label"] for row in doubles]
+    dataset = PreferenceDataset(load_pairs(doubles, fields=SEQUENCE_FIELDS))
+    batch = collate([dataset[0]])
+    V = np.stack([np.asarray(dataset.pairs[i]["chosen"]) for i in range(len(dataset))])
+    W = batch["rejected"][0].numpy()
+    variants = variant_set(model, batch, V, np.array(labels), None)
+    assert isinstance(variants.states, Slots) and (V != W).sum(1).min() == 2
+    plan = joint_plan(W, V, np.arange(len(W)), model.config.vocab_size)
+    with torch.no_grad():
+        joint = joint_deltas(model, model.encode(**structure_inputs(batch)), batch["rejected"][0], plan)
+    assert variants.reference.numpy() == pytest.approx(joint.numpy(), abs=1e-4)
+    config = AdaptConfig(decoding_order="left_to_right", max_steps=[30])
+    trained, deltas = train_head(model, [variants], [np.ones(len(labels), dtype=bool)], 3e-4, [30], config)
+    assert spearman(deltas[30][0], np.array(labels)) > spearman(joint.numpy(), np.array(labels)) + 0.1
+
+
+def test_score_joint_and_the_ridge_adapt_ships_on_combinations(tmp_path, model):
+    """`score --variant_scoring joint` gives singles their conditional score and combinations the joint
+    one; adapt on double mutants ships a ridge fitted on joint scores, which `score --ridge` then uses by
+    default (and refuses with the conditional estimator)."""
+    import dpo_inv
+
+    singles = labelled()
+    doubles = double_mutants(singles, 48)
+    records = singles[:6] + doubles
+    joint = dpo_inv.score(model, records, variant_scoring="joint", decoding_order="left_to_right")
+    conditional = dpo_inv.score(model, records, decoding_order="left_to_right")
+    assert [r["delta_logp"] for r in joint[:6]] == pytest.approx([r["delta_logp"] for r in conditional[:6]],
+                                                                  abs=1e-4)  # fmt: skip
+    differences = [a["delta_logp"] - b["delta_logp"] for a, b in zip(joint[6:], conditional[6:], strict=True)]
+    assert max(np.abs(differences)) > 0.05
+    _, report = dpo_inv.adapt(doubles, model, output_dir=str(tmp_path / "a"), max_steps=[10, 20])
+    ridge = json.loads(Path(report["final_ridge"]).read_text())
+    assert ridge["variant_scoring"] == "joint" and ridge["decoding_order"] == "left_to_right"
+    final = tmp_path / "a" / "final"
+    predicted = dpo_inv.score(str(final), doubles, ridge=report["final_ridge"])
+    direct = dpo_inv.score(str(final), doubles, variant_scoring="joint", decoding_order="left_to_right")
+    assert [r["delta_logp"] for r in predicted] == pytest.approx([r["delta_logp"] for r in direct], abs=1e-5)
+    assert all("predicted_label" in r for r in predicted)
+    with pytest.raises(ValueError, match="fitted on joint delta_logp"):
+        dpo_inv.score(str(final), doubles, ridge=report["final_ridge"], variant_scoring="conditional")
+
+
+def double_mutants(singles: list[dict], count: int) -> list[dict]:
+    """Double mutants of the measured singles at two positions, labelled by the sum of their stabilities."""
+    wildtype = singles[0]["wildtype_seq"]
+    rng = np.random.default_rng(1)
+    doubles, seen = [], set()
+    while len(doubles) < count:
+        first, second = (singles[i] for i in rng.choice(len(singles), 2, replace=False))
+        key = frozenset((first["mutation"], second["mutation"]))
+        if first["position"] == second["position"] or key in seen:
+            continue
+        seen.add(key)
+        sequence = list(wildtype)
+        for row in (first, second):
+            sequence[row["position"]] = row["sequence"][row["position"]]
+        doubles.append({**first, "sequence": "".join(sequence), "label": first["label"] + second["label"]})
+    return doubles
 
 
 def propose(*args: str) -> subprocess.CompletedProcess:

@@ -34,6 +34,12 @@ PATTERNS_PER_PASS = 16  # (positions, order) decoder passes batched together
 SLOTS_PER_PASS = 4096  # slots whose neighbours' states are gathered at once
 
 
+def base_order(length: int, seed: int | None) -> np.ndarray:
+    """The order the residues off the mutated positions are decoded in: left to right (``seed=None``) or
+    a permutation drawn from ``seed``."""
+    return np.arange(length) if seed is None else np.random.default_rng(seed).permutation(length)
+
+
 def rotations(m: int, max_orders: int) -> list[list[int]]:
     """Orders of ``m`` mutated positions (indices into their sorted list): cyclic rotations of left to
     right, at most ``max_orders``, evenly spread."""

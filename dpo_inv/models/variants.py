@@ -25,6 +25,7 @@ from accelerate.utils import gather_object
 from dpo_inv.data.batches import PreferenceDataset, collate, structure_inputs
 from dpo_inv.data.dataset import PairDataset, column
 from dpo_inv.data.records import Data, load_records, raise_bad_records
+from dpo_inv.models.combinations import base_order, joint_deltas, joint_plan
 from dpo_inv.models.layers import DecoderStates, Encoding
 from dpo_inv.models.mpnn import ProteinMPNN, decoding_ranks, derive_seed
 
@@ -135,6 +136,20 @@ def conditional_head(model: ProteinMPNN, states: ConditionalStates) -> torch.Ten
     return log_probs.float().view(states.positions.shape[-1], -1)
 
 
+def group_batch(
+    dataset: PreferenceDataset, group: VariantGroup, device: torch.device
+) -> dict[str, torch.Tensor]:
+    """The collated structure of a group of variants; a substitution at an unobserved residue is bad input."""
+    batch = {k: v.to(device) for k, v in collate([dataset[group.records[0]]]).items()}
+    unobserved = [p for p in group.positions if batch["mask"][0, p] == 0]
+    if unobserved:
+        raise ValueError(
+            f"substitution at position {unobserved[0]} of a residue without backbone coordinates "
+            f"(structure {dataset.structures[group.structure_id]['path']}); it cannot be scored"
+        )
+    return batch
+
+
 @torch.no_grad()
 def conditional_deltas(
     model: ProteinMPNN,
@@ -152,13 +167,7 @@ def conditional_deltas(
         if not group.positions:
             deltas.update((index, 0.0) for index in group.records)
             continue
-        batch = {k: v.to(device) for k, v in collate([dataset[group.records[0]]]).items()}
-        unobserved = [p for p in group.positions if batch["mask"][0, p] == 0]
-        if unobserved:
-            raise ValueError(
-                f"substitution at position {unobserved[0]} of a residue without backbone coordinates "
-                f"(structure {dataset.structures[group.structure_id]['path']}); it cannot be scored"
-            )
+        batch = group_batch(dataset, group, device)
         group_seed = None if decoding_order == "left_to_right" else derive_seed(seed, 0, group.records[0])
         table = conditional_log_probs(model, batch, group.positions, group_seed, num_orders).cpu()
         row = {p: i for i, p in enumerate(group.positions)}
@@ -169,6 +178,41 @@ def conditional_deltas(
             deltas[index] = float(
                 sum(table[row[p], variant[p]] - table[row[p], wildtype[p]] for p in changed)
             )
+    return deltas
+
+
+def full_variants(dataset: PreferenceDataset, records: Sequence[int], wildtype: np.ndarray) -> np.ndarray:
+    """``[R, L]`` tokens of the records' variants: their designed chains, the wild type's other chains."""
+    designed = np.stack([np.asarray(dataset.pairs[i]["chosen"]) for i in records])
+    rest = wildtype[designed.shape[1] :]
+    return np.hstack([designed, np.broadcast_to(rest, (len(designed), len(rest)))])
+
+
+@torch.no_grad()
+def joint_deltas_of(
+    model: ProteinMPNN,
+    dataset: PreferenceDataset,
+    device: torch.device,
+    decoding_order: str = "left_to_right",
+    seed: int = 0,
+    records: Sequence[int] | None = None,
+) -> dict[int, float]:
+    """`delta_logp` of each record (default: all) by the joint estimator of `dpo_inv.models.combinations`
+    (the substituted positions decoded last, each given those already placed; on a single mutant the
+    conditional estimator), by dataset index."""
+    deltas: dict[int, float] = {}
+    for group in group_variants(dataset, records):
+        if not group.positions:
+            deltas.update((index, 0.0) for index in group.records)
+            continue
+        batch = group_batch(dataset, group, device)
+        wildtype = batch["rejected"][0]
+        variants = full_variants(dataset, group.records, wildtype.cpu().numpy())
+        group_seed = None if decoding_order == "left_to_right" else derive_seed(seed, 0, group.records[0])
+        order = base_order(len(wildtype), group_seed)
+        plan = joint_plan(wildtype.cpu().numpy(), variants, order, model.config.vocab_size)
+        values = joint_deltas(model, model.encode(**structure_inputs(batch)), wildtype, plan)
+        deltas.update(zip(group.records, values.tolist(), strict=True))
     return deltas
 
 

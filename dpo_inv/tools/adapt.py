@@ -26,12 +26,13 @@ from accelerate.utils import gather_object
 from dpo_inv.data.batches import PreferenceDataset, collate, structure_inputs
 from dpo_inv.data.dataset import SEQUENCE_FIELDS, PairDataset, load_pairs
 from dpo_inv.data.records import Data, DataError, write_json
-from dpo_inv.models.combinations import Slots, joint_plan, joint_slots, slot_head
+from dpo_inv.models.combinations import Slots, base_order, joint_plan, joint_slots, slot_head
 from dpo_inv.models.mpnn import ProteinMPNN, derive_seed
 from dpo_inv.models.variants import (
     ConditionalStates,
     conditional_head,
     conditional_states,
+    full_variants,
     group_variants,
     mean_and_median,
     round_metric,
@@ -162,9 +163,7 @@ def variant_set(
     changed = variants != wildtype[None, :]
     vocab = model.config.vocab_size
     if changed.sum(1).max(initial=0) > 1:
-        L = len(wildtype)
-        order = np.arange(L) if seed is None else np.random.default_rng(seed).permutation(L)
-        plan = joint_plan(wildtype, variants, order, vocab)
+        plan = joint_plan(wildtype, variants, base_order(len(wildtype), seed), vocab)
         with torch.no_grad():
             enc = model.encode(**structure_inputs(batch))
         states: ConditionalStates | Slots = joint_slots(model, enc, batch["rejected"][0], plan)
@@ -205,7 +204,7 @@ def variant_sets(
             if config.decoding_order == "left_to_right"
             else derive_seed(config.seed, 0, group.records[0])
         )
-        variants = np.stack([np.asarray(dataset.pairs[record]["chosen"]) for record in group.records])
+        variants = full_variants(dataset, group.records, batch["rejected"][0].cpu().numpy())
         records = np.array(group.records)
         sets.append(variant_set(model, batch, variants, labels[records], seed, group.structure_id, records))
     return sets
@@ -253,9 +252,10 @@ def train_head(
             policy = PairLogps(delta[chosen], delta[rejected], ones)
             reference = PairLogps(variant_set.reference[chosen], variant_set.reference[rejected], ones)
             loss = loss + dpo_loss(policy, reference, config.beta, config.loss_type).losses.mean()
-        optimizer.zero_grad()
-        (loss / max(len(used), 1)).backward()
-        optimizer.step()
+        if used:  # a fold whose training records have no pair of different labels trains nothing
+            optimizer.zero_grad()
+            (loss / len(used)).backward()
+            optimizer.step()
         if step in checkpoints:
             with torch.no_grad():
                 deltas[step] = [s.deltas(model).cpu().numpy() for s in sets]
@@ -307,9 +307,10 @@ def fit_augmented_ridge(model: ProteinMPNN, sets: Sequence[VariantSet], data: Pa
                 len(labels),
                 fit_ridge_cv(features, labels, 1, config.seed),
             )
+    scoring = "joint" if any(isinstance(s.states, Slots) for s in sets) else "conditional"
     return AugmentedRidge(str((Path(config.output_dir) / "final").resolve()), model_fingerprint(model),
-                          config.decoding_order, config.score_field, config.lower_is_better,
-                          proteins)  # fmt: skip
+                          config.decoding_order, config.score_field, config.lower_is_better, proteins,
+                          scoring)  # fmt: skip
 
 
 def check_labels(sets: Sequence[VariantSet], data: PairDataset, config: AdaptConfig) -> None:

@@ -3,8 +3,9 @@
 A random split over-states what a user will see: a single mutant whose position is also mutated in the
 training part is predicted from that position's other labels. So records are grouped first, and every group
 lies in one fold: single mutants by structure and position; other variants (multi-mutants, designs) with
-every variant of their structure within `NEAR_DUPLICATE` of their length (Hamming distance), as linked
-groups (single linkage); the wild type itself on its own.
+every variant of their structure that differs from them at fewer than `NEAR_DUPLICATE` of the positions
+either of them mutates (Hamming distance: near-duplicate designs; the combinations of a library stay
+apart), as linked groups (single linkage); the wild type itself on its own.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-NEAR_DUPLICATE = 0.1  # variants closer than this fraction of their length share a group
+NEAR_DUPLICATE = 0.25  # variants closer than this fraction of their mutated positions share a group
 
 
 def variant_groups(
@@ -38,9 +39,10 @@ def variant_groups(
             others.setdefault(int(sid), []).append(i)
     for members in others.values():
         stacked = np.stack([np.asarray(variants[i]) for i in members])
-        limit = NEAR_DUPLICATE * stacked.shape[1]
+        mutated = stacked != np.stack([np.asarray(wildtypes[i]) for i in members])
         for a in range(len(members)):
-            close = np.flatnonzero((stacked[a + 1 :] != stacked[a]).sum(1) <= limit) + a + 1
+            limit = NEAR_DUPLICATE * (mutated[a + 1 :] | mutated[a]).sum(1)
+            close = np.flatnonzero((stacked[a + 1 :] != stacked[a]).sum(1) < limit) + a + 1
             for b in close:
                 parent[find(members[b])] = find(members[a])
     return np.array([find(i) for i in range(len(variants))])

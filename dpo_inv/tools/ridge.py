@@ -103,7 +103,7 @@ class ProteinRidge:
 
 @dataclass(frozen=True)
 class AugmentedRidge:
-    """Augmented ridge models on one model's conditional `delta_logp`, one per wild type (keyed by its
+    """Augmented ridge models on one model's `delta_logp`, one per wild type (keyed by its
     residues as letters); they predict the label in the user's units and direction (`score_field`)."""
 
     model: str
@@ -112,6 +112,7 @@ class AugmentedRidge:
     score_field: str
     lower_is_better: bool
     proteins: dict[str, ProteinRidge]
+    variant_scoring: str = "conditional"  # the estimator of delta_logp: joint where multi-mutants were fitted
 
     def predict(self, wildtype: str, variants: np.ndarray, deltas: np.ndarray) -> np.ndarray:
         """The predicted label of each variant (``[R, L]`` tokens) of `wildtype` from its `delta_logp`: the
@@ -124,7 +125,8 @@ class AugmentedRidge:
         return -predicted if self.lower_is_better else predicted
 
     def save(self, path: str | Path) -> None:
-        header = {k: getattr(self, k) for k in ("model", "fingerprint", "decoding_order", "score_field")}
+        names = ("model", "fingerprint", "decoding_order", "variant_scoring", "score_field")
+        header = {k: getattr(self, k) for k in names}
         proteins = [
             {
                 "wildtype": wildtype,
@@ -157,7 +159,8 @@ class AugmentedRidge:
                 for p in content["proteins"]
             }
             return cls(content["model"], content["fingerprint"], content["decoding_order"],
-                       content["score_field"], bool(content["lower_is_better"]), proteins)  # fmt: skip
+                       content["score_field"], bool(content["lower_is_better"]), proteins,
+                       content.get("variant_scoring", "conditional"))  # fmt: skip
         except FileNotFoundError:
             raise DataError(f"{path}: no such file: give the {RIDGE_FILE} that dpo_inv.adapt wrote") from None
         except (OSError, ValueError, KeyError, TypeError) as err:

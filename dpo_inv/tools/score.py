@@ -29,6 +29,7 @@ from dpo_inv.models.mpnn import ProteinMPNN
 from dpo_inv.models.variants import (
     conditional_deltas,
     group_variants,
+    joint_deltas_of,
     mean_and_median,
     round_metric,
     spearman,
@@ -72,12 +73,15 @@ class ScoreConfig:
             "--ridge the order it was fitted with."
         },
     )
-    variant_scoring: Literal["conditional", "full"] = field(
-        default="conditional",
+    variant_scoring: Literal["conditional", "joint", "full"] | None = field(
+        default=None,
         metadata={
             "help": "Sequences with a wildtype_seq: conditional (each substituted position decoded last, "
-            "given every other residue; one encoder pass per structure; delta_logp only) or full "
-            "(log p of the whole variant minus that of the wild type, under the same decoding order)."
+            "given every other residue; a multi-mutant the sum over its substitutions; one encoder pass "
+            "per structure; delta_logp only), joint (the substituted positions decoded last, each given "
+            "those already placed, averaged over up to 4 orders of them; the same on single mutants) or "
+            "full (log p of the whole variant minus that of the wild type, under the same decoding order). "
+            "Default: conditional, or with --ridge the estimator it was fitted on."
         },
     )
     ridge: str | None = field(
@@ -191,9 +195,9 @@ def score_sequences(
     """Add `delta_logp` (records with a wild type) or `logp` and `logp_per_residue` to each record, and with
     a `ridge` the predicted label (`locations`: where each record is, for errors); Spearman's correlation of
     the last of these with `label`, pooled, and per structure (the table)."""
-    conditional = config.variant_scoring == "conditional"
+    per_position = config.variant_scoring in ("conditional", "joint")
     variants = [i for i, row in enumerate(rows) if row.get("wildtype_seq")]
-    full = [i for i in range(len(rows)) if not (conditional and rows[i].get("wildtype_seq"))]
+    full = [i for i in range(len(rows)) if not (per_position and rows[i].get("wildtype_seq"))]
     if full:
         (logps,) = score_dataset([model], Subset(dataset, full), config, device)
         for j, i in enumerate(full):
@@ -202,10 +206,13 @@ def score_sequences(
             )
             if rows[i].get("wildtype_seq"):
                 rows[i]["delta_logp"] = float(logps.chosen[j] - logps.rejected[j])
-    if conditional and variants:
+    if config.variant_scoring == "joint" and variants:
+        deltas = joint_deltas_of(model, dataset, device, config.decoding_order, config.seed, variants)
+    elif per_position and variants:
         deltas = conditional_deltas(
             model, dataset, device, config.decoding_order, config.seed, config.num_orders, variants
         )
+    if per_position and variants:
         for i in variants:
             rows[i]["delta_logp"] = deltas[i]
     summary: dict = {"variant_scoring": config.variant_scoring if variants else None}
@@ -242,9 +249,9 @@ def check_ridge(ridge: AugmentedRidge, model: ProteinMPNN, is_pairs: bool, confi
     """Settings under which the augmented ridge would predict from another score than it was fitted on."""
     if is_pairs:
         raise ValueError(f"--ridge {config.ridge}: it predicts labelled variants' labels, not pairs")
-    if config.variant_scoring != "conditional" or config.decoding_order != ridge.decoding_order:
+    if config.variant_scoring != ridge.variant_scoring or config.decoding_order != ridge.decoding_order:
         raise ValueError(
-            f"--ridge {config.ridge} was fitted on conditional delta_logp with --decoding_order "
+            f"--ridge {config.ridge} was fitted on {ridge.variant_scoring} delta_logp with --decoding_order "
             f"{ridge.decoding_order}: give those (not --variant_scoring {config.variant_scoring} "
             f"--decoding_order {config.decoding_order})"
         )
@@ -266,7 +273,9 @@ def score_records(
     is_pairs = not ("sequence" in columns and "preferred_seq" not in columns)
     ridge = None if config.ridge is None else AugmentedRidge.load(config.ridge)
     config = replace(
-        config, decoding_order=config.decoding_order or getattr(ridge, "decoding_order", "random")
+        config,
+        decoding_order=config.decoding_order or getattr(ridge, "decoding_order", "random"),
+        variant_scoring=config.variant_scoring or getattr(ridge, "variant_scoring", "conditional"),
     )
     if ridge is not None:
         check_ridge(ridge, model, is_pairs, config)
@@ -308,7 +317,7 @@ def score(
     records: Data,
     *,
     reference: ProteinMPNN | str | None = None,
-    variant_scoring: Literal["conditional", "full"] = "conditional",
+    variant_scoring: Literal["conditional", "joint", "full"] | None = None,
     decoding_order: Literal["random", "left_to_right"] | None = None,
     ridge: str | Path | None = None,
     num_orders: int = 1,
