@@ -10,7 +10,9 @@ predicted value, uncertainty, the model's zero-shot joint delta_logp, what picke
 ProteinGym's `mutant,DMS_score`; controls that were not proposed are welcome) and call again with
 `--campaign DIR` alone: the ensemble predictor is fitted on every measurement so far and round_2 is written.
 Measurements made before the campaign: `--measurements FILE` (kept as DIR/round_0/measurements.csv).
-A summary JSON line goes to stdout.
+With `--reward file.py:function` (or `--reward_command`, as `dpo_inv.rounds` takes them) the proposals are
+measured by it and written as the round's measurements; `--rounds N` runs N rounds so. A summary JSON line
+per round goes to stdout.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import json
 import datasets
 
 from dpo_inv.structures.parse import StructureError
-from dpo_inv.tools.propose import ProposeConfig, propose_round
+from dpo_inv.tools.propose import ProposeConfig, run_campaign
 from dpo_inv.training.config import command_parser, exit_bad_input, parse_command
 
 
@@ -29,10 +31,10 @@ def main(args: list[str] | None = None) -> None:
     (config,) = parse_command(parser, args)
     datasets.disable_progress_bars()
     try:
-        summary = propose_round(config)
+        for summary in run_campaign(config):
+            print(json.dumps(summary), flush=True)
     except (StructureError, ValueError, OSError) as err:
         exit_bad_input(parser, str(err))
-    print(json.dumps(summary))
 
 
 if __name__ == "__main__":

@@ -192,6 +192,7 @@ def test_a_campaign_round_after_round_on_measured_stability(tmp_path):
         (("--positions", "B:8"), None, "--positions: chain 'B' is not designed"),
         (("--positions", "A:8,9", "--max_mutations", "3"), None, "only 2 positions may change"),
         (("--positions", "A:8", "--batch_size", "20"), None, "only 19 candidates are left unmeasured"),
+        (("--positions", "A:8", "--rounds", "2"), None, "--rounds 2: give --reward or --reward_command"),
         ((), "variant,score\nE8P,1\n", "no a variant column"),
         ((), "mutations,value\nE8P,nan\n", "value must be a finite number"),
         ((), "mutations,value\nE8P,1\nE8P,2\n", "E8P measured 2 here and 1 at"),
@@ -258,3 +259,46 @@ def test_a_space_too_large_to_list_is_sampled_from_the_model(tmp_path, model):
     for variant in mutations:
         assert 1 <= len(variant) <= 3
         assert all(8 <= int(m[1:-1]) <= 47 and m[-1] in "AVILMFWY" for m in variant)
+
+
+def test_rounds_measured_by_a_function_from_python_and_the_shell(tmp_path, model):
+    """Labels from a function: measured stability as the oracle over the labelled singles (the
+    candidates). From Python, three rounds of 8 from 24 measured before; from the shell, `--reward
+    file.py:function --rounds 2`. Each round's measurements are the oracle's values of its proposals; none
+    is proposed twice."""
+    import dpo_inv
+
+    rows = labelled()
+    stability = {row["sequence"]: row["label"] for row in rows}
+    (tmp_path / "candidates.csv").write_text("mutations\n" + "".join(f"{r['mutation']}\n" for r in rows))
+    (tmp_path / "before.csv").write_text("mutations,value\n" + "".join(f"{r['mutation']},{r['label']}\n"
+                                                                        for r in rows[:24]))  # fmt: skip
+    start = {"structure": str(STRUCTURE), "chain_id": ["A"], "candidates": str(tmp_path / "candidates.csv"),
+             "measurements": str(tmp_path / "before.csv"), "batch_size": 8}  # fmt: skip
+
+    def oracle(records: list[dict]) -> list[float]:
+        return [stability[record["sequence"]] for record in records]
+
+    summaries = dpo_inv.propose(tmp_path / "c", model, reward=oracle, rounds=3, **start)
+    assert [s["round"] for s in summaries] == [1, 2, 3] and [s["measured"] for s in summaries] == [24, 32, 40]
+    proposed = []
+    for n in (1, 2, 3):
+        measured = (tmp_path / "c" / f"round_{n}" / "measurements.csv").read_text().splitlines()[1:]
+        mutations = [line.split(",")[0] for line in measured]
+        labels = {r["mutation"]: r["label"] for r in rows}
+        assert [float(line.split(",")[1]) for line in measured] == [labels[m] for m in mutations]
+        proposed += mutations
+    assert len(set(proposed)) == 24 and not set(proposed) & {r["mutation"] for r in rows[:24]}
+    (tmp_path / "oracle.py").write_text(
+        "import json\n"
+        f"STABILITY = json.load(open({str(tmp_path / 'stability.json')!r}))\n"
+        "def measure(records):\n    return [STABILITY[r['sequence']] for r in records]\n"
+    )
+    (tmp_path / "stability.json").write_text(json.dumps(stability))
+    args = ["--campaign", str(tmp_path / "s"), "--structure", str(STRUCTURE), "--chain_id", "A",
+            "--candidates", str(tmp_path / "candidates.csv"), "--batch_size", "4",
+            "--reward", f"{tmp_path / 'oracle.py'}:measure", "--rounds", "2"]  # fmt: skip
+    result = propose(*args)
+    assert result.returncode == 0, result.stderr
+    assert [json.loads(line)["round"] for line in result.stdout.splitlines()] == [1, 2]
+    assert len((tmp_path / "s" / "round_2" / "measurements.csv").read_text().splitlines()) == 5

@@ -11,6 +11,7 @@ next round.
 
 from __future__ import annotations
 
+import csv
 import json
 import shutil
 import time
@@ -33,6 +34,7 @@ from dpo_inv.structures.parse import ALPHABET, AMINO_ACIDS, StructureError, toke
 from dpo_inv.tools.acquisition import choose_batch, top_batch
 from dpo_inv.tools.adapt import AdaptConfig, Adapted, choose_and_train, variant_set
 from dpo_inv.tools.design_space import MAX_CANDIDATES, DesignSpace, parse_allowed
+from dpo_inv.tools.reward_fn import RewardFunction, compute_rewards
 from dpo_inv.tools.sample import fixed_indices, parse_fixed_positions, prepare_design
 from dpo_inv.training.launch import resolve_device
 
@@ -87,13 +89,28 @@ class ProposeConfig:
         metadata={"help": "Adapt the model to the measurements first (dpo_inv.adapt's cross-validated DPO; "
                   "the model is kept where that does not rank held-out measurements better)."},
     )  # fmt: skip
+    reward: str | None = field(
+        default=None,
+        metadata={"help": "Measure each round with a function instead of the lab, as dpo_inv.rounds: "
+                  "path/to/file.py:function or package.module:function, given records (pdb_file, "
+                  "design_chains, fixed_chains, sequence), returning one number per record."},
+    )  # fmt: skip
+    reward_command: str | None = field(
+        default=None,
+        metadata={"help": "Instead of --reward: a shell command reading the records as JSON lines on stdin, "
+                  "writing one number per line."},
+    )  # fmt: skip
+    rounds: int = field(
+        default=1,
+        metadata={"help": "Rounds to run, each measured by --reward or --reward_command before the next."},
+    )  # fmt: skip
     seed: int = field(default=0, metadata={"help": "Seed of the bootstrap and of Thompson draws."})
     device: str | None = field(default=None, metadata={"help": "cpu, cuda, xpu, ...; default: the best."})
 
     def __post_init__(self) -> None:
         if self.acquisition not in ("thompson", "ucb", "greedy"):
             raise ValueError(f"--acquisition {self.acquisition}: give thompson, ucb or greedy")
-        for name in ("max_mutations", "batch_size", "members"):
+        for name in ("max_mutations", "batch_size", "members", "rounds"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name} {getattr(self, name)}: give a positive number")
 
@@ -419,16 +436,59 @@ def _number(value: float) -> str:
     return "" if not np.isfinite(value) else f"{value:.4f}"
 
 
+def run_campaign(config: ProposeConfig, model: ProteinMPNN | None = None,
+                 reward: RewardFunction | None = None) -> list[dict[str, Any]]:  # fmt: skip
+    """`config.rounds` rounds; with a reward (``reward``, ``config.reward`` or ``config.reward_command``)
+    each round's proposals are measured by it into `round_N/measurements.csv` before the next. Returns
+    the rounds' summaries."""
+    measured = reward or config.reward or config.reward_command
+    if config.rounds > 1 and not measured:
+        raise ValueError(f"--rounds {config.rounds}: give --reward or --reward_command to measure each round")
+    summaries = []
+    for _ in range(config.rounds):
+        summary = propose_round(config, model)
+        if measured:
+            measure_round(Path(summary["proposals"]), config, reward)
+            summary["measured_by"] = (
+                getattr(reward, "__name__", None) or config.reward or config.reward_command
+            )
+        summaries.append(summary)
+    return summaries
+
+
+def measure_round(proposals: Path, config: ProposeConfig, reward: RewardFunction | None) -> None:
+    """The reward of each proposal, written beside it as `measurements.csv` (mutations,value)."""
+    settings = json.loads((Path(config.campaign) / CAMPAIGN_FILE).read_text())
+    chains = settings["chain_id"] or list(dict.fromkeys(c for c, _ in prepare_design(
+        Path(settings["structure"]), [], [], {}).residue_numbers))  # fmt: skip
+    rows = list(csv.DictReader(proposals.open()))
+    records = [{"pdb_file": settings["structure"], "design_chains": chains, "fixed_chains": [],
+                "sequence": row["sequence"]} for row in rows]  # fmt: skip
+    values = compute_rewards(records, reward or config.reward, config.reward_command)
+    lines = "".join(f"{row['mutations']},{value!r}\n" for row, value in zip(rows, values, strict=True))
+    write_text(proposals.parent / "measurements.csv", "mutations,value\n" + lines)
+
+
 def propose(
-    campaign: str | Path, model: ProteinMPNN | str = "vanilla/v_48_020", **options: Any
-) -> dict[str, Any]:
+    campaign: str | Path,
+    model: ProteinMPNN | str = "vanilla/v_48_020",
+    reward: RewardFunction | str | None = None,
+    **options: Any,
+) -> dict[str, Any] | list[dict[str, Any]]:
     """Write the next round of the campaign in folder `campaign`, as `python -m dpo_inv.propose` does;
     `options` are the command's (`structure`, `chain_id`, `positions`, `allowed_aas`, `max_mutations`,
-    `batch_size`, ...). Returns the round's summary; its proposals are in `summary["proposals"]`."""
+    `batch_size`, `rounds`, ...). Returns the round's summary; its proposals are in
+    `summary["proposals"]`. With a `reward` (a function given the proposals as records — `pdb_file`,
+    `design_chains`, `fixed_chains`, `sequence` — and returning one number each, or its
+    `file.py:function` name), each round is measured by it before the next, and the list of the
+    `rounds` summaries is returned."""
     names = {f.name for f in fields(ProposeConfig)}
     unknown = sorted(set(options) - names)
     if unknown:
         raise TypeError(f"propose() got unknown options {unknown}; see python -m dpo_inv.propose --help")
     name = model if isinstance(model, str) else model.config.name_or_path
-    config = ProposeConfig(campaign=str(campaign), model=str(name), **options)
-    return propose_round(config, None if isinstance(model, str) else model)
+    named = reward if isinstance(reward, str) else None
+    config = ProposeConfig(campaign=str(campaign), model=str(name), reward=named, **options)
+    summaries = run_campaign(config, None if isinstance(model, str) else model,
+                             None if named else reward)  # fmt: skip
+    return summaries if reward is not None or config.reward_command else summaries[0]
