@@ -95,7 +95,7 @@ def joint_plan(
             ordered = positions[order]
             patterns.append(ordered)
             # the variants' tokens at the ordered positions, the wild type's as one more row
-            tokens = np.vstack([variants[members][:, ordered], wildtype[ordered][None, :]])
+            tokens = np.vstack([variants[members][:, ordered], wildtype[ordered][None, :]]).astype(np.int64)
             parents = np.full((len(tokens), len(ordered)), -1)
             for t in range(len(ordered)):
                 prefixes, first, inverse = np.unique(

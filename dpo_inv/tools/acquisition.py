@@ -43,7 +43,7 @@ class VariantColumns:
     def columns(self, variants: np.ndarray) -> np.ndarray:
         """``[R, C]`` the feature columns set to 1 for each variant (``[R, L]`` tokens; a column past the
         last feature is a placeholder, set for no feature)."""
-        tokens = variants[:, self.positions]
+        tokens = variants[:, self.positions].astype(np.int64)
         m, v = tokens.shape[1], self.vocab
         columns = [k * v + tokens[:, k] for k in range(m)]
         offset = m * v

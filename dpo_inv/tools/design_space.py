@@ -83,15 +83,16 @@ class DesignSpace:
         )
 
     def enumerate(self) -> np.ndarray:
-        """Every variant of the space but the parent, ``[R, L]`` tokens."""
+        """Every variant of the space but the parent, ``[R, L]`` tokens as bytes (a four-site library on 400
+        residues: 64 MB, not 512)."""
         rows = []
         for k in range(1, self.max_mutations + 1):
             for chosen in itertools.combinations(range(len(self.positions)), k):
-                grid = np.array(list(itertools.product(*(self.allowed[c] for c in chosen))), dtype=np.int64)
-                block = np.repeat(self.parent[None, :], len(grid), 0)
+                grid = np.array(list(itertools.product(*(self.allowed[c] for c in chosen))), dtype=np.uint8)
+                block = np.repeat(self.parent[None, :].astype(np.uint8), len(grid), 0)
                 block[:, self.positions[list(chosen)]] = grid
                 rows.append(block)
-        return np.concatenate(rows) if rows else np.zeros((0, len(self.parent)), dtype=np.int64)
+        return np.concatenate(rows) if rows else np.zeros((0, len(self.parent)), dtype=np.uint8)
 
 
 def parse_allowed(spec: str, positions: Sequence[str]) -> dict[str, str]:

@@ -255,13 +255,13 @@ def read_campaign_measurements(folder: Path, config: ProposeConfig) -> list[Meas
 
 def candidate_variants(space: DesignSpace, config: ProposeConfig, model: ProteinMPNN, example: dict[str, Any],
                        device: torch.device) -> np.ndarray:  # fmt: skip
-    """The variants a round chooses from: the candidates file's, every variant of the space, or, where the
-    space holds more than `MAX_CANDIDATES`, variants drawn from the model."""
+    """The variants a round chooses from (tokens as bytes): the candidates file's, every variant of the
+    space, or, where the space holds more than `MAX_CANDIDATES`, variants drawn from the model."""
     if config.candidates is not None:
         variants = [variant_tokens(space, row) for row in read_variants(config.candidates)]
-        return np.unique(np.array(variants, dtype=np.int64).reshape(-1, len(space.parent)), axis=0)
+        return np.unique(np.array(variants, dtype=np.uint8).reshape(-1, len(space.parent)), axis=0)
     if space.size() > MAX_CANDIDATES:
-        return sampled_variants(model, example, space, config.seed, device)
+        return sampled_variants(model, example, space, config.seed, device).astype(np.uint8)
     return space.enumerate()
 
 
@@ -318,7 +318,8 @@ def zero_shot(model: ProteinMPNN, example: dict[str, Any], space: DesignSpace, v
     enc = model.encode(**structure_inputs(batch))
     visible = np.asarray(example["native"][len(space.parent) :])  # the chains not designed
     parent = np.concatenate([space.parent, visible])
-    variants = np.hstack([variants, np.broadcast_to(visible, (len(variants), len(visible)))])
+    visible_rows = np.broadcast_to(visible.astype(variants.dtype), (len(variants), len(visible)))
+    variants = np.hstack([variants, visible_rows])
     plan = joint_plan(parent, variants, np.arange(len(parent)), model.config.vocab_size, max_orders)
     return joint_deltas(model, enc, torch.from_numpy(parent).to(device), plan).numpy().astype(np.float64)
 
@@ -370,7 +371,7 @@ def propose_round(config: ProposeConfig, model: ProteinMPNN | None = None) -> di
     model = (model or as_model(config.model)).to(device).eval()
     candidates = candidate_variants(space, config, model, example, device)
     if len(measured):
-        candidates = candidates[~np.isin(_keys(candidates), _keys(measured))]
+        candidates = candidates[~np.isin(_keys(candidates), _keys(measured.astype(np.uint8)))]
     if config.batch_size > len(candidates):
         raise ValueError(
             f"--batch_size {config.batch_size}: only {len(candidates)} candidates are left unmeasured; "
@@ -378,7 +379,8 @@ def propose_round(config: ProposeConfig, model: ProteinMPNN | None = None) -> di
         )
     # sampled candidates mutate hundreds of position sets: one order each
     orders = 1 if config.candidates is None and space.size() > MAX_CANDIDATES else MAX_ORDERS
-    scores = zero_shot(model, example, space, np.vstack([candidates, measured]), device, orders)[:, None]
+    everything = np.vstack([candidates, measured.astype(np.uint8)])
+    scores = zero_shot(model, example, space, everything, device, orders)[:, None]
     adapted = None
     if config.adapt and len(measured) >= AdaptConfig.min_labels and np.ptp(values) > 0:
         adapted = adapt_to_measurements(model, example, space, measured, values, config.seed, device)
