@@ -17,7 +17,7 @@ import shutil
 import time
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -84,10 +84,12 @@ class ProposeConfig:
         default="thompson", metadata={"help": "thompson, ucb (mean + spread) or greedy (mean)."}
     )
     members: int = field(default=10, metadata={"help": "Ensemble members (bootstrap fits)."})
-    adapt: bool = field(
-        default=True,
+    adapt: Literal["auto", "yes", "no"] = field(
+        default="auto",
         metadata={"help": "Adapt the model to the measurements first (dpo_inv.adapt's cross-validated DPO; "
-                  "the model is kept where that does not rank held-out measurements better)."},
+                  "the model is kept where that does not rank held-out measurements better): yes, no, or "
+                  "auto: where every measured variant is a single mutant (on combinations it costs minutes "
+                  "a round)."},
     )  # fmt: skip
     reward: str | None = field(
         default=None,
@@ -382,7 +384,9 @@ def propose_round(config: ProposeConfig, model: ProteinMPNN | None = None) -> di
     everything = np.vstack([candidates, measured.astype(np.uint8)])
     scores = zero_shot(model, example, space, everything, device, orders)[:, None]
     adapted = None
-    if config.adapt and len(measured) >= AdaptConfig.min_labels and np.ptp(values) > 0:
+    singles = (measured != space.parent).sum(1).max(initial=0) <= 1
+    wanted = config.adapt == "yes" or (config.adapt == "auto" and singles)
+    if wanted and len(measured) >= AdaptConfig.min_labels and np.ptp(values) > 0:
         adapted = adapt_to_measurements(model, example, space, measured, values, config.seed, device)
     if adapted is not None and adapted.decision == "adapted":
         # the adapted model's score beside the zero-shot one; of the measured variants, cross-fitted (by
