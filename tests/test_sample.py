@@ -387,27 +387,29 @@ def test_temperature_0_left_to_right_is_one_deterministic_design(tmp_path, capsy
     assert "|decoding_order=left_to_right" in (tmp_path / "greedy" / "2xcjA.fa").read_text().splitlines()[0]
 
 
-def test_a_second_run_into_one_folder_is_refused_unless_overwrite(tmp_path, capsys):
-    args = [
-        "--structure",
-        str(STRUCTURES / "2xcjA.pdb.gz"),
-        "--num_samples",
-        "2",
-        "--output_dir",
-        str(tmp_path),
-    ]
-    run(capsys, *args)
+def test_one_folder_holds_several_structures_and_refuses_one_again_unless_overwrite(tmp_path, capsys):
+    """As ProteinMPNN's seqs/ folder: a second structure sampled into the folder keeps the first one's
+    samples; the same structure again is refused (nothing changed) unless --overwrite, which replaces its
+    samples only."""
+    args = ["--num_samples", "2", "--output_dir", str(tmp_path)]
+    run(capsys, "--structure", str(STRUCTURES / "2xcjA.pdb.gz"), *args)
     first = (tmp_path / "samples.jsonl").read_text()
+    run(capsys, "--structure", str(STRUCTURES / "1hvr.pdb.gz"), *args)
+    both = (tmp_path / "samples.jsonl").read_text()
+    assert both.startswith(first) and len(both.splitlines()) == 4
+    assert (tmp_path / "2xcjA.fa").exists() and (tmp_path / "1hvr.fa").exists()
     with pytest.raises(SystemExit) as exit_info:
-        main([*args, "--seed", "1"])
+        main(["--structure", str(STRUCTURES / "2xcjA.pdb.gz"), *args, "--seed", "1"])
     assert exit_info.value.code == 2
     assert capsys.readouterr().err == (
-        f"python -m dpo_inv.sample: error: {tmp_path / 'samples.jsonl'} holds the samples of an earlier run; "
+        f"python -m dpo_inv.sample: error: {tmp_path} holds the samples of 2xcjA from an earlier run; "
         "give another --output_dir, or --overwrite to replace them\n"
     )
-    assert (tmp_path / "samples.jsonl").read_text() == first
-    run(capsys, *args, "--seed", "1", "--overwrite")
-    assert (tmp_path / "samples.jsonl").read_text() != first
+    assert (tmp_path / "samples.jsonl").read_text() == both
+    run(capsys, "--structure", str(STRUCTURES / "2xcjA.pdb.gz"), *args, "--seed", "1", "--overwrite")
+    rows = [json.loads(line) for line in (tmp_path / "samples.jsonl").read_text().splitlines()]
+    assert [Path(r["structure"]).name for r in rows] == ["1hvr.pdb.gz"] * 2 + ["2xcjA.pdb.gz"] * 2
+    assert rows[2:] != [json.loads(line) for line in first.splitlines()]
 
 
 @pytest.mark.parametrize(

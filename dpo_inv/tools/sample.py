@@ -17,7 +17,7 @@ from torch import Tensor
 
 from dpo_inv.data.batches import collate
 from dpo_inv.data.progress import progress
-from dpo_inv.data.records import rebase_paths
+from dpo_inv.data.records import rebase_paths, write_text
 from dpo_inv.models.mpnn import ProteinMPNN, ProteinMPNNConfig, derive_seed
 from dpo_inv.models.sampling import allowed_tokens, sample_sequences
 from dpo_inv.models.weights import (
@@ -132,7 +132,9 @@ class SampleConfig:
     ligand_exclude: list[str] = field(default_factory=list, metadata={"help": LIGAND_EXCLUDE_HELP})
     overwrite: bool = field(
         default=False,
-        metadata={"help": "Replace the samples.jsonl of an earlier run in output_dir (else: refused)."},
+        metadata={
+            "help": "Replace the samples of a structure sampled into output_dir before (else refused)."
+        },
     )
 
     def __post_init__(self) -> None:
@@ -536,29 +538,43 @@ def sample(
     return [record for design in designs for record in sample_structure(policy, design, config, bias)]
 
 
+def keep_other_structures(path: Path, names: set[str]) -> None:
+    """Drop from the samples file at ``path`` (if any) the samples of the structures named ``names``, which
+    are sampled again; other structures' samples stay."""
+    if not path.exists():
+        return
+    lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+    kept = [line for line in lines if structure_name(Path(json.loads(line)["structure"])) not in names]
+    if len(kept) < len(lines):
+        write_text(path, "".join(kept))
+
+
 def sample_file(config: SampleConfig) -> None:
-    """`python -m dpo_inv.sample`: design every structure of ``config``; write the FASTA files and
-    ``samples.jsonl``. Every input is checked before the model is loaded, so a bad one stops the run before
-    any sampling."""
+    """`python -m dpo_inv.sample`: design every structure of ``config``; write the FASTA files and add the
+    samples to ``samples.jsonl`` (one folder may hold several structures' samples, as ProteinMPNN's
+    `seqs/`; a structure sampled there before is refused without ``overwrite``). Every input is checked
+    before the model is loaded, so a bad one stops the run before any sampling."""
     paths = [Path(config.structure)] if config.structure else []
     if config.structure_list:
         paths += read_structure_list(Path(config.structure_list))
     output = Path(config.output_dir)
-    if (output / "samples.jsonl").exists() and not config.overwrite:
-        raise ValueError(
-            f"{output / 'samples.jsonl'} holds the samples of an earlier run; give another --output_dir, or "
-            "--overwrite to replace them"
-        )
     designs, bias = prepare_designs(read_config(config.model), paths, config)
     names = [d.name for d in designs]
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
         raise ValueError(f"several structures are named {', '.join(duplicates)}: their .fa files would clash")
+    sampled = [name for name in names if (output / f"{name}.fa").exists()]
+    if sampled and not config.overwrite:
+        raise ValueError(
+            f"{output} holds the samples of {', '.join(sampled)} from an earlier run; give another "
+            "--output_dir, or --overwrite to replace them"
+        )
     model = load_model(config.model).to(resolve_device(config.device)).eval()
     output.mkdir(parents=True, exist_ok=True)
+    keep_other_structures(output / "samples.jsonl", set(names))
     settings = run_settings(config)
     with (
-        open(output / "samples.jsonl", "w", encoding="utf-8") as jsonl,
+        open(output / "samples.jsonl", "a", encoding="utf-8") as jsonl,
         progress(designs, desc="Sampling", unit="structure", disable=len(designs) < 2) as bar,
     ):
         for design in bar:
