@@ -347,6 +347,28 @@ def adaptation_report(adapted: Adapted) -> dict[str, Any]:
             "cv_spearman_augmented_ridge": round_metric(adapted.ridge_mean)}  # fmt: skip
 
 
+def model_scores(config: ProposeConfig, model: ProteinMPNN, example: dict[str, Any], space: DesignSpace,
+                 candidates: np.ndarray, measured: np.ndarray, values: np.ndarray,
+                 device: torch.device) -> tuple[np.ndarray, Adapted | None]:  # fmt: skip
+    """The model features of the candidates and then the measured variants, ``[C + N, S]``: the zero-shot
+    joint score, and where adapting keeps an adapted model its score (of the measured variants
+    cross-fitted: by models that did not train on them, so that the ensemble weighs it by what it
+    predicts); and the adaptation, if one ran."""
+    # sampled candidates mutate hundreds of position sets: one order each
+    orders = 1 if config.candidates is None and space.size() > MAX_CANDIDATES else MAX_ORDERS
+    everything = np.vstack([candidates, measured.astype(np.uint8)])
+    scores = zero_shot(model, example, space, everything, device, orders)[:, None]
+    singles = (measured != space.parent).sum(1).max(initial=0) <= 1
+    wanted = config.adapt == "yes" or (config.adapt == "auto" and singles)
+    if not (wanted and len(measured) >= AdaptConfig.min_labels and np.ptp(values) > 0):
+        return scores, None
+    adapted = adapt_to_measurements(model, example, space, measured, values, config.seed, device)
+    if adapted.decision == "adapted":
+        tuned = zero_shot(adapted.model.eval(), example, space, candidates, device, orders)
+        scores = np.hstack([scores, np.r_[tuned, adapted.out_of_fold[0]][:, None]])
+    return scores, adapted
+
+
 def propose_round(config: ProposeConfig, model: ProteinMPNN | None = None) -> dict[str, Any]:
     """Write the campaign's next round; returns its summary (round, counts, where the files are)."""
     start = time.time()
@@ -379,20 +401,7 @@ def propose_round(config: ProposeConfig, model: ProteinMPNN | None = None) -> di
             f"--batch_size {config.batch_size}: only {len(candidates)} candidates are left unmeasured; "
             "propose fewer or widen the design space"
         )
-    # sampled candidates mutate hundreds of position sets: one order each
-    orders = 1 if config.candidates is None and space.size() > MAX_CANDIDATES else MAX_ORDERS
-    everything = np.vstack([candidates, measured.astype(np.uint8)])
-    scores = zero_shot(model, example, space, everything, device, orders)[:, None]
-    adapted = None
-    singles = (measured != space.parent).sum(1).max(initial=0) <= 1
-    wanted = config.adapt == "yes" or (config.adapt == "auto" and singles)
-    if wanted and len(measured) >= AdaptConfig.min_labels and np.ptp(values) > 0:
-        adapted = adapt_to_measurements(model, example, space, measured, values, config.seed, device)
-    if adapted is not None and adapted.decision == "adapted":
-        # the adapted model's score beside the zero-shot one; of the measured variants, cross-fitted (by
-        # models that did not train on them), so that the ensemble weighs it by what it predicts
-        tuned = zero_shot(adapted.model.eval(), example, space, candidates, device, orders)
-        scores = np.hstack([scores, np.r_[tuned, adapted.out_of_fold[0]][:, None]])
+    scores, adapted = model_scores(config, model, example, space, candidates, measured, values, device)
     candidate_scores, measured_scores = scores[: len(candidates)], scores[len(candidates) :]
     if len(measured) >= MIN_MEASURED and np.ptp(values) > 0:
         draw_seed = config.seed + len(measured)
