@@ -13,7 +13,7 @@ from conftest import SHARED_DATA, STRUCTURES
 
 import dpo_inv.data.featurized as featurized
 from dpo_inv.data.batches import BATCH_STRUCTURE_KEYS, LengthGroupedSampler, PreferenceDataset, collate
-from dpo_inv.data.dataset import PairDataset, load_pairs
+from dpo_inv.data.dataset import SEQUENCE_FIELDS, PairDataset, load_pairs
 from dpo_inv.data.featurized import MIN_STRUCTURES_PER_PROCESS, build_structures, parse_processes
 from dpo_inv.data.records import DataError
 from dpo_inv.structures.parse import ALPHABET
@@ -341,6 +341,18 @@ def test_json_list_and_csv_problems_name_the_record_or_line(tmp_path, cache_dir)
 
 def test_many_bad_records_are_reported_together_up_to_a_limit(tmp_path, cache_dir):
     row = absolute(records()[:1])[0]
-    message = bad(tmp_path, [{**row, "preferred_seq": "ACD"}] * 25, cache_dir)
+    message = bad(tmp_path, [row] + [{**row, "preferred_seq": "ACD"}] * 25, cache_dir)
     lines = message.splitlines()
     assert len(lines) == 21 and lines[-1] == "... and 5 more bad records"
+
+
+def test_a_field_every_record_lacks_is_one_line(tmp_path, cache_dir):
+    """A ProteinGym scan without pdb_file: one line naming the field, not one per record."""
+    scan = tmp_path / "scan.csv"
+    scan.write_text("mutant,sequence,DMS_score\n" + "".join(f"A{i}G,ACDE,{i}\n" for i in range(1, 30)))
+    with pytest.raises(DataError) as err:
+        load_pairs(scan, cache_dir=cache_dir, fields=SEQUENCE_FIELDS)
+    assert str(err.value) == (
+        f"{scan}: every one of its 29 records: missing required field pdb_file (alias structure): the "
+        "structure file's path"
+    )

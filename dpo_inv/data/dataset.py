@@ -23,6 +23,7 @@ from dpo_inv.data.featurized import FEATURES_VERSION, build_structures, cache_ro
 from dpo_inv.data.records import (
     BadRecord,
     Data,
+    DataError,
     as_list,
     data_digest,
     data_name,
@@ -370,6 +371,8 @@ def load_pairs(
             columns = {name: [] for name in PAIR_FEATURES}
     batches.append(pa.RecordBatch.from_pydict(columns, schema=PAIR_FEATURES.arrow_schema))
     skipped = tuple(bad[number] for number in sorted(bad))
+    if len(skipped) == len(records) > 1 and len({b.reason for b in skipped}) == 1:
+        raise DataError(f"{source}: every one of its {len(records)} records: {skipped[0].reason}")
     if skipped and on_bad_record == "fail":
         raise_bad_records([str(b) for b in skipped])
     table = datasets.Dataset(InMemoryTable(pa.Table.from_batches(batches)))
