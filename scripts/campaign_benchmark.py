@@ -66,7 +66,7 @@ class Problem:
     model: ProteinMPNN
     train_set: Callable[[np.ndarray], VariantSet] | None  # the measured rows' set (None: no adapting)
     predict: Callable[[ProteinMPNN], np.ndarray]  # every variant's delta_logp under a model
-    fraction: str  # "ratio" (best / the best there is) or "rank" (the best found's rank fraction)
+    fraction: str  # "ratio" (best found / the best there is) or "rank" (the share no better than it)
 
 
 def problem(name: str, structure: str, chain: str, rows: list, model: ProteinMPNN, adapt: bool,
