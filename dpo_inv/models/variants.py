@@ -150,6 +150,12 @@ def group_batch(
     return batch
 
 
+def order_seed(group: VariantGroup, decoding_order: str, seed: int) -> int | None:
+    """The seed of a group's decoding order: None (left to right), or one drawn from ``seed`` and its first
+    record, as the trainer draws a record's order."""
+    return None if decoding_order == "left_to_right" else derive_seed(seed, 0, group.records[0])
+
+
 @torch.no_grad()
 def conditional_deltas(
     model: ProteinMPNN,
@@ -168,8 +174,8 @@ def conditional_deltas(
             deltas.update((index, 0.0) for index in group.records)
             continue
         batch = group_batch(dataset, group, device)
-        group_seed = None if decoding_order == "left_to_right" else derive_seed(seed, 0, group.records[0])
-        table = conditional_log_probs(model, batch, group.positions, group_seed, num_orders).cpu()
+        table = conditional_log_probs(model, batch, group.positions, order_seed(group, decoding_order, seed),
+                                      num_orders).cpu()  # fmt: skip
         row = {p: i for i, p in enumerate(group.positions)}
         wildtype = batch["rejected"][0].cpu()
         for index in group.records:
@@ -208,8 +214,7 @@ def joint_deltas_of(
         batch = group_batch(dataset, group, device)
         wildtype = batch["rejected"][0]
         variants = full_variants(dataset, group.records, wildtype.cpu().numpy())
-        group_seed = None if decoding_order == "left_to_right" else derive_seed(seed, 0, group.records[0])
-        order = base_order(len(wildtype), group_seed)
+        order = base_order(len(wildtype), order_seed(group, decoding_order, seed))
         plan = joint_plan(wildtype.cpu().numpy(), variants, order, model.config.vocab_size)
         values = joint_deltas(model, model.encode(**structure_inputs(batch)), wildtype, plan)
         deltas.update(zip(group.records, values.tolist(), strict=True))

@@ -27,7 +27,7 @@ from dpo_inv.data.batches import PreferenceDataset, collate, structure_inputs
 from dpo_inv.data.dataset import SEQUENCE_FIELDS, PairDataset, load_pairs
 from dpo_inv.data.records import Data, DataError, write_json
 from dpo_inv.models.combinations import Slots, base_order, joint_plan, joint_slots, slot_head
-from dpo_inv.models.mpnn import ProteinMPNN, derive_seed
+from dpo_inv.models.mpnn import ProteinMPNN
 from dpo_inv.models.variants import (
     ConditionalStates,
     conditional_head,
@@ -35,6 +35,7 @@ from dpo_inv.models.variants import (
     full_variants,
     group_variants,
     mean_and_median,
+    order_seed,
     round_metric,
     spearman_by_structure,
     variant_labels,
@@ -199,11 +200,7 @@ def variant_sets(
     sets = []
     for group in group_variants(dataset):
         batch = {k: v.to(device) for k, v in collate([dataset[group.records[0]]]).items()}
-        seed = (
-            None
-            if config.decoding_order == "left_to_right"
-            else derive_seed(config.seed, 0, group.records[0])
-        )
+        seed = order_seed(group, config.decoding_order, config.seed)
         variants = full_variants(dataset, group.records, batch["rejected"][0].cpu().numpy())
         records = np.array(group.records)
         sets.append(variant_set(model, batch, variants, labels[records], seed, group.structure_id, records))

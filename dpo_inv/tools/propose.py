@@ -255,6 +255,11 @@ def read_campaign_measurements(folder: Path, config: ProposeConfig) -> list[Meas
     return rows
 
 
+def sampled(space: DesignSpace, config: ProposeConfig) -> bool:
+    """Whether a round's candidates are drawn from the model: no candidates file, a space too large."""
+    return config.candidates is None and space.size() > MAX_CANDIDATES
+
+
 def candidate_variants(space: DesignSpace, config: ProposeConfig, model: ProteinMPNN, example: dict[str, Any],
                        device: torch.device) -> np.ndarray:  # fmt: skip
     """The variants a round chooses from (tokens as bytes): the candidates file's, every variant of the
@@ -262,7 +267,7 @@ def candidate_variants(space: DesignSpace, config: ProposeConfig, model: Protein
     if config.candidates is not None:
         variants = [variant_tokens(space, row) for row in read_variants(config.candidates)]
         return np.unique(np.array(variants, dtype=np.uint8).reshape(-1, len(space.parent)), axis=0)
-    if space.size() > MAX_CANDIDATES:
+    if sampled(space, config):
         return sampled_variants(model, example, space, config.seed, device).astype(np.uint8)
     return space.enumerate()
 
@@ -355,7 +360,7 @@ def model_scores(config: ProposeConfig, model: ProteinMPNN, example: dict[str, A
     cross-fitted: by models that did not train on them, so that the ensemble weighs it by what it
     predicts); and the adaptation, if one ran."""
     # sampled candidates mutate hundreds of position sets: one order each
-    orders = 1 if config.candidates is None and space.size() > MAX_CANDIDATES else MAX_ORDERS
+    orders = 1 if sampled(space, config) else MAX_ORDERS
     everything = np.vstack([candidates, measured.astype(np.uint8)])
     scores = zero_shot(model, example, space, everything, device, orders)[:, None]
     singles = (measured != space.parent).sum(1).max(initial=0) <= 1
