@@ -31,40 +31,40 @@ example: setup
 # DPO of LigandMPNN on the small ligand example (pairs on protein–DNA–ligand structures)
 ligand-example: setup
 	$(PY) -m dpo_inv.run --config configs/ligand_example.yaml --mixed_precision $(EXAMPLE_PRECISION)
-	$(PY) -m dpo_inv.score --model outputs/ligand_example/final --reference ligand/v_32_010_25 \
+	$(PY) -m dpo_inv score --model outputs/ligand_example/final --reference ligand/v_32_010_25 \
 		--data data/ligand/val.jsonl --output outputs/ligand_example/val_scored.jsonl
 
 # KTO on labels and ResiDPO on per-residue scores, from the example oracle's scores of the example sequences
 # (data/scores/ is made by scripts/example_scores.py); then held-out reward accuracy on the example val pairs
 kto-example: setup
-	for split in train val; do $(PY) -m dpo_inv.pairs data/scores/$$split.jsonl \
+	for split in train val; do $(PY) -m dpo_inv pairs data/scores/$$split.jsonl \
 		--output data/labels/$$split.jsonl --labels_from_quantile 0.5; done
 	$(PY) -m dpo_inv.run --config configs/kto_example.yaml --mixed_precision $(EXAMPLE_PRECISION)
-	$(PY) -m dpo_inv.score --data data/pairs/val.jsonl --model outputs/kto_example/final \
+	$(PY) -m dpo_inv score --data data/pairs/val.jsonl --model outputs/kto_example/final \
 		--reference vanilla/v_48_020 --output outputs/kto_example/val_scored.jsonl
 
 residpo-example: setup
-	for split in train val; do $(PY) -m dpo_inv.pairs data/scores/$$split.jsonl \
+	for split in train val; do $(PY) -m dpo_inv pairs data/scores/$$split.jsonl \
 		--output data/pairs/$${split}_residue.jsonl --min_margin 0.05 --residue_score_field residue_scores; done
 	$(PY) -m dpo_inv.run --config configs/residpo_example.yaml --mixed_precision $(EXAMPLE_PRECISION)
-	$(PY) -m dpo_inv.score --data data/pairs/val.jsonl --model outputs/residpo_example/final \
+	$(PY) -m dpo_inv score --data data/pairs/val.jsonl --model outputs/residpo_example/final \
 		--reference vanilla/v_48_020 --output outputs/residpo_example/val_scored.jsonl
 
 # on-policy rounds on five example backbones, the example oracle as the reward
 rounds-example: setup
-	$(PY) -m dpo_inv.rounds --config configs/rounds_example.yaml
+	$(PY) -m dpo_inv rounds --config configs/rounds_example.yaml
 
 # held-out domains (homologues kept together) pick the best model; pairs of mutants at one position train it
 stability: setup
 	$(PY) scripts/split_by_domain.py $(STABILITY) --output_dir $(STABILITY_DIR)/data --held_out 0.15 --seed 0
-	$(PY) -m dpo_inv.pairs $(STABILITY_DIR)/data/train.jsonl --output $(STABILITY_DIR)/data/pairs.jsonl \
+	$(PY) -m dpo_inv pairs $(STABILITY_DIR)/data/train.jsonl --output $(STABILITY_DIR)/data/pairs.jsonl \
 		--strategy same_position --min_margin 1 --max_pairs_per_structure 120 --seed 0
 	$(PY) -m dpo_inv.run --config configs/stability.yaml
 
 # your own protein: adapt to 96 measured mutants of one domain, then score its other 806
 adapt-example: setup
-	$(PY) -m dpo_inv.adapt data/adapt/labelled.jsonl --output_dir outputs/adapt_example
-	$(PY) -m dpo_inv.score --model outputs/adapt_example/final --data data/adapt/candidates.jsonl \
+	$(PY) -m dpo_inv adapt data/adapt/labelled.jsonl --output_dir outputs/adapt_example
+	$(PY) -m dpo_inv score --model outputs/adapt_example/final --data data/adapt/candidates.jsonl \
 		--output outputs/adapt_example/candidates_scored.jsonl --ridge outputs/adapt_example/augmented_ridge.json
 
 test: setup

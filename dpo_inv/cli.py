@@ -1,47 +1,136 @@
-"""The `dpo-inv` command: `dpo-inv COMMAND ...` runs `python -m dpo_inv.MODULE ...` (train: dpo_inv.run);
-and the argument parsing of the commands that take their input file as an argument."""
+"""The commands: `dpo-inv COMMAND [options]`, `python -m dpo_inv COMMAND [options]` (and, for training,
+`python -m dpo_inv.run`, which launchers run). One runner parses every command's options, runs it and owns
+its exit status and its one-line errors.
+
+A command is a module of `dpo_inv.commands`: its docstring (the `--help` text), `Config` (the dataclass of
+its options), `run(config)`, and optionally `POSITIONAL = (field, METAVAR, what)`, a field that may also be
+given as the one positional argument, and `EPILOG`.
+"""
 
 from __future__ import annotations
 
+import argparse
+import difflib
+import importlib
+import os
 import sys
-from typing import Any
+import traceback
+from types import ModuleType
+from typing import Any, NoReturn
 
-from dpo_inv.training.config import command_parser, parse_command
+import yaml
+from trl import TrlParser
 
-COMMANDS = {
-    "train": "dpo_inv.run",
-    "score": "dpo_inv.score",
-    "plot": "dpo_inv.plot",
-    "sample": "dpo_inv.sample",
-    "pairs": "dpo_inv.pairs",
-    "rounds": "dpo_inv.rounds",
-    "adapt": "dpo_inv.adapt",
-    "propose": "dpo_inv.propose",
-}
+from dpo_inv.data.progress import quiet_datasets
+from dpo_inv.data.records import DataError
+from dpo_inv.structures.parse import StructureError
+from dpo_inv.training.config import EXIT_BAD_INPUT
+from dpo_inv.training.stopping import TrainingStopped, leave_process_group
 
-
-def parse_with_file(
-    config_class: type, args: list[str] | None, prog: str, doc: str, metavar: str, what: str
-) -> Any:
-    """Parse a command's options into ``config_class``, whose `data` field may also be given as the one
-    positional argument ``metavar`` (``what`` names it in the error when it is given twice or not at all)."""
-    parser = command_parser(config_class, prog, doc)
-    parser.add_argument("file", nargs="?", metavar=metavar, help=f"The {what}.")
-    parser.usage = f"%(prog)s {metavar} [--option value ...] (--help: all)"
-    config, *extra = parse_command(parser, args)
-    file = extra[0].file if extra else None
-    if (file is None) == (config.data is None):
-        parser.error(f"give the {what} file once: {metavar} or --data")
-    config.data = config.data or file
-    return config
+COMMANDS = ("train", "score", "scan", "sample", "pairs", "rounds", "adapt", "propose", "plot")
+BAD_INPUT = (StructureError, ValueError, OSError)  # besides DataError, which every rank raises together
 
 
-def main() -> None:
-    if len(sys.argv) < 2 or sys.argv[1] not in COMMANDS:
-        sys.exit(f"usage: dpo-inv {{{','.join(COMMANDS)}}} [options]; see dpo-inv COMMAND --help")
-    module = __import__(COMMANDS[sys.argv[1]], fromlist=["main"])
-    module.main(sys.argv[2:])
+def prog_of(command: str, prog: str) -> str:
+    """How the user ran the command: `dpo-inv score`, `python -m dpo_inv score`, `python -m dpo_inv.run`."""
+    return prog if prog.endswith(".run") else f"{prog} {command}"
 
 
-if __name__ == "__main__":
-    main()
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """Defaults shown, the command's docstring kept as written."""
+
+
+def command_parser(command: ModuleType, prog: str) -> TrlParser:
+    """The parser of a command: the fields of its `Config`, TRL's `--config FILE.yaml`, `--debug`, the
+    positional argument if it has one; a short usage line, and `--no_X` described as what it does."""
+    positional = getattr(command, "POSITIONAL", None)
+    first = positional[1] if positional else "[--config FILE.yaml]"
+    usage = f"%(prog)s {first} [--option value ...] (--help: all)"
+    parser = TrlParser(
+        dataclass_types=[command.Config], prog=prog, description=command.__doc__,
+        epilog=getattr(command, "EPILOG", None), formatter_class=HelpFormatter, usage=usage,
+    )  # fmt: skip
+    for action in parser._actions:
+        if isinstance(action, argparse._StoreFalseAction) and action.option_strings[0].startswith("--no_"):
+            action.help, action.default = f"Turn --{action.dest} off.", argparse.SUPPRESS
+    parser.add_argument("--debug", action="store_true", help="Print the traceback of a bad-input error too.")
+    if positional:
+        parser.add_argument("positional", nargs="?", metavar=positional[1], help=f"The {positional[2]}.")
+    return parser
+
+
+def exit_bad_input(parser: argparse.ArgumentParser, message: str) -> NoReturn:
+    """Exit with status 2 and one line, as argparse's errors end (without their usage text)."""
+    parser.exit(EXIT_BAD_INPUT, f"{parser.prog}: error: {message}\n")
+
+
+def parse(command: str, args: list[str] | None = None, prog: str = "dpo-inv") -> tuple[Any, bool]:
+    """A command's options and `--debug`, from `--config FILE.yaml` plus `--field value` overrides (the
+    command line wins). A bad value or an unknown key of the file exits with status 2 and one line; an
+    unknown key is named with the closest option."""
+    module = importlib.import_module(f"dpo_inv.commands.{command}")
+    parser = command_parser(module, prog_of(command, prog))
+    args = list(sys.argv[1:] if args is None else args)
+    try:
+        config, namespace, from_file, unknown = parser.parse_args_and_config(
+            args, return_remaining_strings=True, separate_remaining_strings=True
+        )
+    except (ValueError, OSError, yaml.YAMLError) as err:
+        exit_bad_input(parser, " ".join(str(err).split()))
+    if unknown:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    keys = [text[2:] for text in from_file if text.startswith("--")]
+    if keys:
+        options = [action.dest for action in parser._actions]
+        closest = {key: difflib.get_close_matches(key, options, 1) for key in keys}
+        named = [f"{key} (did you mean {close[0]}?)" if close else key for key, close in closest.items()]
+        path = args[args.index("--config") + 1]
+        exit_bad_input(parser, f"{path}: unknown key {', '.join(named)}")
+    if positional := getattr(module, "POSITIONAL", None):
+        field, metavar, what = positional
+        if (namespace.positional is None) == (getattr(config, field) is None):
+            parser.error(f"give the {what} once: {metavar} or --{field}")
+        setattr(config, field, getattr(config, field) or namespace.positional)
+    return config, namespace.debug
+
+
+def run(command: str, args: list[str] | None = None, prog: str = "dpo-inv") -> None:
+    """Run a command and exit with its status: 0; a TrainingStopped's status (rank 0 says why);
+    EXIT_BAD_INPUT with one line (a DataError: one per bad record, said by rank 0, which every rank
+    raises together; under a launcher, another bad input is said by each rank that meets it, as `rank R:
+    ...`); 1 on another error, which each failing rank reports as a last line `rank R: Type: ...`."""
+    config, debug = parse(command, args, prog)
+    module = importlib.import_module(f"dpo_inv.commands.{command}")
+    rank, ranks = os.environ.get("RANK", "0"), int(os.environ.get("WORLD_SIZE", "1"))
+    try:
+        with quiet_datasets():
+            module.run(config)
+    except TrainingStopped as stopped:
+        if rank == "0":
+            print(stopped, flush=True)
+        leave_process_group()
+        sys.exit(stopped.exit_code)
+    except (DataError, *BAD_INPUT) as err:
+        if debug:
+            traceback.print_exc()
+        if isinstance(err, DataError):  # `FILE:LINE: what is wrong; the fix`, a line per bad record
+            if rank == "0":
+                print(err, file=sys.stderr, flush=True)
+            leave_process_group()
+        else:
+            where = f"rank {rank}: " if ranks > 1 else ""
+            print(f"{where}{prog_of(command, prog)}: error: {err}", file=sys.stderr, flush=True)
+        sys.exit(EXIT_BAD_INPUT)
+    except Exception as err:
+        traceback.print_exc()
+        message = str(err).replace("\n", " | ")
+        print(f"rank {rank}: {type(err).__name__}: {message}", file=sys.stderr)
+        sys.exit(1)
+
+
+def main(args: list[str] | None = None, prog: str = "dpo-inv") -> None:
+    """`dpo-inv COMMAND [options]`."""
+    args = list(sys.argv[1:] if args is None else args)
+    if not args or args[0] not in COMMANDS:
+        sys.exit(f"usage: {prog} {{{','.join(COMMANDS)}}} [options]; see {prog} COMMAND --help")
+    run(args[0], args[1:], prog)

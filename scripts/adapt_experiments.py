@@ -1,17 +1,17 @@
-"""The measurements behind `python -m dpo_inv.adapt` (docs/adapt.md): one stability domain plays a user's own
+"""The measurements behind `python -m dpo_inv adapt` (docs/adapt.md): one stability domain plays a user's own
 protein. For N labelled single mutants drawn at random from it, the Spearman correlation with the measured
 stability on that domain's remaining mutants of
 
 - `zero_shot`: the starting model's `delta_logp`;
 - `ridge`: ridge regression on one-hot sequences; `augmented`: one-hot plus the starting model's score
   (Hsu et al. 2022), penalty chosen by inner cross-validation;
-- `adapt`: the model `dpo_inv.adapt` ships (grid chosen by its grouped cross-validation, or the starting
+- `adapt`: the model `dpo-inv adapt` ships (grid chosen by its grouped cross-validation, or the starting
   model when it keeps that);
 - `adapt_ridge`: the augmented ridge model on the adapted model's score;
-- `final_ridge`: the same as `dpo_inv.adapt` ships it (`augmented_ridge.json`) and `dpo_inv.score --ridge`
+- `final_ridge`: the same as `dpo-inv adapt` ships it (`augmented_ridge.json`) and `dpo-inv score --ridge`
   applies it, on the adapted model's score in adapt's order (left to right).
 
-Other scores on the remaining mutants use `dpo_inv.score`'s estimator and default order (conditional,
+Other scores on the remaining mutants use `dpo-inv score`'s estimator and default order (conditional,
 random).
 
     python scripts/adapt_experiments.py --output outputs/adapt_experiments.jsonl   # runs, appends

@@ -1,4 +1,4 @@
-"""Wall time of `python -m dpo_inv.adapt` on N labelled single mutants of one stability domain, start-up,
+"""Wall time of `python -m dpo_inv adapt` on N labelled single mutants of one stability domain, start-up,
 parsing and cross-validation included (docs/adapt.md, "Speed").
 
     python scripts/benchmark_adapt.py --domain 2hdz_A_11-60 --n 96 --repeats 3
@@ -42,7 +42,7 @@ def main() -> None:
                 json.dumps({**r, "pdb_file": str(args.data.parent / r["pdb_file"])}) + "\n" for r in chosen
             )
         )
-        command = [*(args.launcher.split() or [sys.executable]), "-m", "dpo_inv.adapt"]
+        command = [*(args.launcher.split() or [sys.executable]), "-m", "dpo_inv", "adapt"]
         for repeat in range(args.repeats):
             start = time.perf_counter()
             subprocess.run(

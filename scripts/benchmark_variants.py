@@ -4,7 +4,7 @@
 
 Takes the first `--domains` domains of the stability data whose chains have `--min_length` to
 `--max_length` residues, writes all 19·L single mutants of each as a sequences file, and times
-`dpo_inv.score`'s two paths on it, structures already parsed (cached): `conditional` on every mutant, and
+`dpo-inv score`'s two paths on it, structures already parsed (cached): `conditional` on every mutant, and
 `full` (two full-sequence passes per record, batch 16) on a seeded sample of `--full_sample` mutants. Prints
 one JSON line per path: mutants, seconds, mutants per second.
 """

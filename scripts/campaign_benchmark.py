@@ -15,7 +15,7 @@ oracle reveals only what was proposed; the candidates are the measured variants 
 measured cannot be proposed). Each campaign measures `--initial` variants (at random, or the zero-shot
 model's best with `--first_round zero_shot`), then `--rounds` batches of `--batch`. Methods, in the same runs:
 
-- dpo_inv: what `dpo_inv.propose` does — adapt the model to the measurements (on scans; `--adapt` on a
+- dpo_inv: what `dpo-inv propose` does — adapt the model to the measurements (on scans; `--adapt` on a
   landscape too), then the ensemble ridge on one-hot, mutated-position, pair and model-score features
   (zero-shot, and the adapted model's: cross-fitted on the measured variants), Thompson sampling;
 - augmented_ridge: the same ensemble and batch rule on one-hot and zero-shot features (MLDE-style);
@@ -48,7 +48,8 @@ from dpo_inv.models.weights import load_model
 from dpo_inv.structures.parse import ALPHABET
 from dpo_inv.tools.acquisition import choose_batch, top_batch
 from dpo_inv.tools.adapt import AdaptConfig, VariantSet, choose_and_train, variant_set
-from dpo_inv.tools.propose import ProposeConfig, design_space, measured_variants, zero_shot
+from dpo_inv.tools.design_space import read_design_space
+from dpo_inv.tools.propose import measured_variants, zero_shot
 
 METHODS = ("dpo_inv", "augmented_ridge", "greedy_zero_shot", "random")
 CPU = torch.device("cpu")
@@ -72,8 +73,7 @@ class Problem:
 def problem(name: str, structure: str, chain: str, rows: list, model: ProteinMPNN, adapt: bool,
             fraction: str) -> Problem:  # fmt: skip
     """The problem of measured ``rows`` (`Measurement`s) on ``structure``'s chain."""
-    config = ProposeConfig(campaign="", structure=structure, chain_id=[chain])
-    space, example = design_space(config)
+    space, example = read_design_space(structure, [chain])
     variants, values = measured_variants(space, rows)
     parent = torch.from_numpy(space.parent)
     batch = collate([{**example, "chosen": parent, "rejected": parent}])

@@ -6,7 +6,7 @@ of them was trained on, with the same temperature, seeds and structures for ever
 Each model samples `--num_samples` sequences at `--temperature` (0.1) for each of the 12 single-chain
 backbones below (the example's 6 held-out chains and 6 of its training chains, none in the stability
 data); one JSON line per model: the mean over structures of the samples' recovery and log-likelihood
-(the mean log p per designed residue, as `dpo_inv.sample` reports them).
+(the mean log p per designed residue, as `dpo-inv sample` reports them).
 """
 
 from __future__ import annotations

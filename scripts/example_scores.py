@@ -1,5 +1,5 @@
 """Scored sequences from the bundled example pairs: every distinct sequence of a pairs file with the example
-oracle's score and per-residue scores (`dpo_inv.tools.rewards`), the input of `dpo_inv.pairs`.
+oracle's score and per-residue scores (`dpo_inv.tools.rewards`), the input of `dpo-inv pairs`.
 
     python scripts/example_scores.py data/pairs/train.jsonl --output data/scores/train.jsonl
 """

@@ -1,5 +1,5 @@
 """The ligand example's pairs: sequences sampled from LigandMPNN around each structure's ligand, DNA and ions,
-scored by the example oracle (`dpo_inv.tools.rewards`) and paired (`dpo_inv.pairs`, 40 pairs per structure
+scored by the example oracle (`dpo_inv.tools.rewards`) and paired (`dpo-inv pairs`, 40 pairs per structure
 with scores at least 0.05 apart).
 
     python scripts/ligand_example.py --output_dir data/ligand

@@ -89,7 +89,7 @@ def build_pairs(work: Path, strategy: str, min_margin: float, per_domain: int, e
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     cap = [] if extra == "extreme" else ["--max_pairs_per_structure", str(per_domain)]
-    run(PY, "-m", "dpo_inv.pairs", str(work / "dev" / "train.jsonl"), "--output", str(target),
+    run(PY, "-m", "dpo_inv", "pairs", str(work / "dev" / "train.jsonl"), "--output", str(target),
         "--strategy", strategy, "--min_margin", str(min_margin), *cap)  # fmt: skip
     rows = [json.loads(line) for line in target.read_text().splitlines()]
     if extra == "extreme":  # the first pairs of best_vs_worst: the best against the worst, ...
@@ -104,7 +104,7 @@ def build_pairs(work: Path, strategy: str, min_margin: float, per_domain: int, e
 
 def score(work: Path, model: Path, data: str, *options: str) -> tuple[dict, list[dict]]:
     output = work / "scores.jsonl"
-    summary = json.loads(run(PY, "-m", "dpo_inv.score", "--model", str(model), "--data", str(work / data),
+    summary = json.loads(run(PY, "-m", "dpo_inv", "score", "--model", str(model), "--data", str(work / data),
                              "--output", str(output), *options).splitlines()[-1])  # fmt: skip
     return summary, [json.loads(line) for line in output.read_text().splitlines()]
 

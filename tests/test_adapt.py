@@ -19,7 +19,7 @@ from dpo_inv.tools.folds import assign_folds, variant_groups
 from dpo_inv.tools.ridge import augmented_features, fit_ridge, fit_ridge_cv, one_hot
 
 DOMAIN = "2jws_A_7-54"  # 48 residues
-ADAPT = (sys.executable, "-m", "dpo_inv.adapt")
+ADAPT = (sys.executable, "-m", "dpo_inv", "adapt")
 QUICK = ("--max_steps", "5", "10", "--num_folds", "3")
 
 
@@ -112,7 +112,7 @@ def test_adapt_end_to_end_writes_a_model_that_score_reads(tmp_path):
     assert report["cv_spearman_adapted"] > report["cv_spearman_start"]
     assert "Done: cross-validated Spearman" in result.stdout.splitlines()[-1]
     score = subprocess.run(
-        [sys.executable, "-m", "dpo_inv.score", "--model", str(tmp_path / "out" / "final"),
+        [sys.executable, "-m", "dpo_inv", "score", "--model", str(tmp_path / "out" / "final"),
          "--data", str(rest), "--output", str(tmp_path / "scored.jsonl")],
         capture_output=True, text=True, cwd=ROOT,
     )  # fmt: skip
@@ -131,8 +131,9 @@ def test_adapt_end_to_end_writes_a_model_that_score_reads(tmp_path):
 
 
 def score_command(tmp_path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "dpo_inv.score", "--output", str(tmp_path / "scored.jsonl"),
-                           *args], capture_output=True, text=True, cwd=ROOT)  # fmt: skip
+    output = str(tmp_path / "scored.jsonl")
+    return subprocess.run([sys.executable, "-m", "dpo_inv", "score", "--output", output, *args],
+                          capture_output=True, text=True, cwd=ROOT)  # fmt: skip
 
 
 def test_the_augmented_ridge_adapt_ships_is_what_score_applies(tmp_path):
@@ -180,7 +181,8 @@ def test_the_augmented_ridge_adapt_ships_is_what_score_applies(tmp_path):
     ]:
         bad = score_command(tmp_path, "--ridge", str(ridge), *args)
         assert bad.returncode == 2, bad.stderr
-        lines = [line for line in bad.stderr.splitlines() if "error:" in line]
+        said = bad.stderr.splitlines()
+        lines = [line for line in said if "error:" in line or line.startswith(str(tmp_path))]
         assert len(lines) == 1 and expected in lines[0] and "Traceback" not in bad.stderr, bad.stderr
 
 
@@ -235,7 +237,8 @@ def test_bad_input_is_one_line_naming_the_file_and_exit_2(tmp_path, case, expect
     labelled = write(tmp_path / "labelled.jsonl", rows)
     result = run(str(labelled), "--output_dir", str(tmp_path / "out"), "--model", model, *options)
     assert result.returncode == 2, result.stderr
-    lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    said = result.stderr.splitlines()
+    lines = [line for line in said if "error: " in line or line.startswith(str(tmp_path))]
     assert len(lines) == 1 and expected in lines[0], result.stderr
     assert "Traceback" not in result.stderr
     if case in ("few", "constant", "nan", "no_wildtype"):
@@ -248,7 +251,7 @@ def test_two_processes_choose_and_train_as_one(tmp_path):
     assert one.returncode == 0, one.stderr
     two = subprocess.run(
         [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "2", "--num_machines", "1",
-         "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "dpo_inv.adapt", str(labelled),
+         "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "dpo_inv", "adapt", str(labelled),
          "--output_dir", str(tmp_path / "two"), *QUICK],
         capture_output=True, text=True, cwd=ROOT,
     )  # fmt: skip

@@ -20,20 +20,14 @@ from test_distributed import torchrun
 from test_train import env
 
 import dpo_inv
-import dpo_inv.adapt
-import dpo_inv.propose
-import dpo_inv.rounds
-import dpo_inv.sample
-import dpo_inv.score  # the command modules: importing them leaves dpo_inv.score the function
+from dpo_inv import cli
 from dpo_inv.data.dataset import load_pairs
 from dpo_inv.models.variants import spearman
-from dpo_inv.sample import main as sample_main
 from dpo_inv.tools.adapt import AdaptConfig
 from dpo_inv.tools.pairs import PairsConfig, pairs_file
 from dpo_inv.tools.propose import ProposeConfig
 from dpo_inv.tools.sample import SampleConfig
 from dpo_inv.tools.score import ScoreConfig, score_file
-from dpo_inv.training.config import parse_config
 
 PAIRS = EXAMPLE / "pairs" / "val.jsonl"
 STRUCTURE = EXAMPLE / "structures" / "1eteA.pdb.gz"
@@ -109,9 +103,8 @@ def test_score_gives_the_numbers_of_the_command(tmp_path):
 
 
 def test_sample_gives_the_sequences_of_the_command(tmp_path):
-    sample_main(
-        ["--structure", str(STRUCTURE), "--num_samples", "3", "--output_dir", str(tmp_path), "--seed", "5"]
-    )
+    options = ["--num_samples", "3", "--output_dir", str(tmp_path), "--seed", "5"]
+    cli.run("sample", ["--structure", str(STRUCTURE), *options])
     expected = [json.loads(line) for line in (tmp_path / "samples.jsonl").read_text().splitlines()]
     designs = dpo_inv.sample("vanilla/v_48_020", STRUCTURE, num_samples=3, seed=5)
     assert designs == expected
@@ -164,7 +157,7 @@ def test_train_on_a_dataframe_returns_the_model_and_its_metrics(tmp_path, monkey
         for a, b in zip(saved.state_dict().values(), model.state_dict().values(), strict=True)
     )
     # config.yaml names the data, saved with absolute paths: the command line can train on it again
-    again = parse_config(["--config", str(tmp_path / "out" / "config.yaml")])
+    again, _ = cli.parse("train", ["--config", str(tmp_path / "out" / "config.yaml")])
     assert Path(again.train_file) == Path("out/train_dataset.jsonl")
     first = json.loads(Path(again.train_file).read_text().splitlines()[0])
     assert first["pdb_file"] == str(EXAMPLE.resolve() / "structures" / Path(rows[0]["pdb_file"]).name)

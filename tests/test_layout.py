@@ -1,12 +1,13 @@
 """The package's layers: each subpackage imports only from itself and the subpackages before it; the
-command modules at the top of dpo_inv may import anything, and no subpackage imports them."""
+commands (dpo_inv/commands/, the runner dpo_inv/cli.py, dpo_inv/run.py) and the API (dpo_inv/__init__.py)
+may import anything, and no subpackage imports them."""
 
 import ast
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "dpo_inv"
 ORDER = ("structures", "data", "models", "training", "tools")  # bottom layer first
-TOP = len(ORDER)  # the command modules: dpo_inv/run.py, score.py, ...
+TOP = len(ORDER)  # the commands and the API
 
 
 def layer(module: str) -> int:
@@ -42,9 +43,10 @@ def upward_imports(path: Path, source: str) -> list[str]:
     ]
 
 
-def test_subpackages_are_the_layers():
+def test_subpackages_are_the_layers_and_the_commands():
     found = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_file()}
-    assert found == set(ORDER)
+    assert found == {*ORDER, "commands"}
+    assert {p.name for p in PACKAGE.glob("*.py")} == {"__init__.py", "__main__.py", "cli.py", "run.py"}
 
 
 def test_no_module_imports_from_a_later_layer_or_a_command():

@@ -195,7 +195,9 @@ def test_membrane_models_equal_official(family, model_type, tmp_path):
 
 
 def run(module: str, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True, cwd=ROOT)
+    """`python -m dpo_inv.run ...` or, with a command's name, `python -m dpo_inv COMMAND ...`."""
+    command = ["-m", module] if module == "dpo_inv.run" else ["-m", "dpo_inv", module]
+    return subprocess.run([sys.executable, *command, *args], capture_output=True, text=True, cwd=ROOT)
 
 
 def test_score_cli_equals_official_ligandmpnn(ligand_models, tmp_path):
@@ -209,7 +211,7 @@ def test_score_cli_equals_official_ligandmpnn(ligand_models, tmp_path):
     data.write_text("".join(json.dumps(p) + "\n" for p in pairs))
     out = tmp_path / "scored.jsonl"
     args = ["--model", "ligand/v_32_010_25", "--data", str(data), "--output", str(out)]
-    result = run("dpo_inv.score", *args, "--decoding_order", "left_to_right", "--cache_dir", str(tmp_path))
+    result = run("score", *args, "--decoding_order", "left_to_right", "--cache_dir", str(tmp_path))
     assert result.returncode == 0, result.stderr[-2000:]
     scored = [json.loads(line) for line in out.read_text().splitlines()]
     path = Path(pairs[0]["pdb_file"])
@@ -246,7 +248,7 @@ def test_dpo_sampling_and_export_with_a_ligand_model(tmp_path):
     trained = load_model(final)
     assert trained.config.atom_context_num == 25
     samples = tmp_path / "samples"
-    result = run("dpo_inv.sample", "--model", str(final), "--structure", str(SHARED / "1BC8.pdb.gz"),
+    result = run("sample", "--model", str(final), "--structure", str(SHARED / "1BC8.pdb.gz"),
                  "--output_dir", str(samples), "--num_samples", "2", "--temperature", "0.1")  # fmt: skip
     assert result.returncode == 0, result.stderr[-2000:]
     records = [json.loads(line) for line in (samples / "samples.jsonl").read_text().splitlines()]

@@ -276,8 +276,9 @@ def test_bad_records_are_reported_together_in_file_order(tmp_path, cache):
     ]
 
 
-def command(*args: str, module: str = "dpo_inv.pairs") -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", module, *args], cwd=ROOT, capture_output=True, text=True)
+def command(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "dpo_inv", "pairs", *args], cwd=ROOT, capture_output=True,
+                          text=True)  # fmt: skip
 
 
 def test_command_line_errors_exit_2_without_traceback(tmp_path, cache):
@@ -302,7 +303,8 @@ def test_dpo_inv_pairs_command(tmp_path, cache):
     data = write(tmp_path / "scored.jsonl", group("2xcjA", [1.0, 2.0, 3.0]))
     output = tmp_path / "out" / "pairs.jsonl"
     options = ["--output", str(output), "--strategy", "all", "--cache_dir", str(cache)]
-    result = command("pairs", str(data), *options, module="dpo_inv.cli")
+    dpo_inv = str(Path(sys.executable).with_name("dpo-inv"))
+    result = subprocess.run([dpo_inv, "pairs", str(data), *options], cwd=ROOT, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     summary = json.loads(result.stdout)
     assert summary == {"records": 3, "groups": 1, "pairs": 3, "merged_duplicates": 0, "mean_margin": 1.333,

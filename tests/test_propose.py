@@ -11,12 +11,12 @@ import pytest
 import torch
 from conftest import EXAMPLE, ROOT
 
+from dpo_inv.cli import run as run_command
 from dpo_inv.data.batches import PreferenceDataset, collate, structure_inputs
 from dpo_inv.data.dataset import SEQUENCE_FIELDS, load_pairs
 from dpo_inv.models.combinations import Slots, joint_deltas, joint_plan, joint_slots, rotations, slot_head
 from dpo_inv.models.variants import conditional_deltas, spearman
 from dpo_inv.models.weights import load_model
-from dpo_inv.propose import main as propose_main
 from dpo_inv.tools.adapt import AdaptConfig, train_head, variant_set
 
 STRUCTURE = EXAMPLE / "adapt" / "2jws_A_7-54.pdb.gz"
@@ -140,7 +140,7 @@ def double_mutants(singles: list[dict], count: int) -> list[dict]:
 
 
 def propose(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "dpo_inv.propose", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "dpo_inv", "propose", *args], capture_output=True, text=True,
                           cwd=ROOT)  # fmt: skip
 
 
@@ -205,7 +205,7 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, options, measurement
         (tmp_path / "m.csv").write_text(measurements)
         args += ["--measurements", str(tmp_path / "m.csv")]
     with pytest.raises(SystemExit) as exit_:
-        propose_main(args)
+        run_command("propose", args)
     err = capsys.readouterr().err
     assert exit_.value.code == 2 and message in err and len(err.strip().splitlines()) == 1, err
     assert not (tmp_path / "c" / "round_1").exists()

@@ -244,7 +244,8 @@ def test_a_rank_that_fails_ends_the_job_with_its_message(tmp_path, start):
                     extra_env={"PYTHONPATH": str(ROOT)})  # fmt: skip
     assert process.wait(timeout=120) != 0
     assert time.monotonic() - began < 60
-    assert "rank 1: FileNotFoundError: cannot load ProteinMPNN from 'model.pt'" in output_of(output)
+    said = "rank 1: python -m dpo_inv.run: error: cannot load ProteinMPNN from 'model.pt'"
+    assert said in output_of(output)
 
 
 def test_a_rank_that_stops_responding_ends_the_job_within_ddp_timeout(tmp_path, start):

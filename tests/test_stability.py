@@ -34,8 +34,9 @@ def test_eval_spearman_picks_best_and_agrees_with_the_score_command(tmp_path):
     scored = write(tmp_path / "scored.jsonl", stability_rows(("2ysf_A_7-40",), 400, stride=1))
     pairs = tmp_path / "pairs.jsonl"
     built = subprocess.run(
-        [sys.executable, "-m", "dpo_inv.pairs", scored, "--output", str(pairs), "--strategy", "same_position",
-         "--min_margin", "1", "--max_pairs_per_structure", "16", "--cache_dir", str(tmp_path / "cache")],
+        [sys.executable, "-m", "dpo_inv", "pairs", scored, "--output", str(pairs), "--strategy",
+         "same_position", "--min_margin", "1", "--max_pairs_per_structure", "16", "--cache_dir",
+         str(tmp_path / "cache")],
         cwd=ROOT, env=env(tmp_path), capture_output=True, text=True, check=True,
     )  # fmt: skip
     assert json.loads(built.stdout)["pairs"] == 16

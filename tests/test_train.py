@@ -114,7 +114,7 @@ def test_resume_continues_exactly_and_old_checkpoints_are_pruned(tmp_path):
     )  # training moved the weights
 
     scored = subprocess.run(
-        [sys.executable, "-m", "dpo_inv.score", "--model", str(resumed / "final"), "--data", str(data),
+        [sys.executable, "-m", "dpo_inv", "score", "--model", str(resumed / "final"), "--data", str(data),
          "--output", str(tmp_path / "scores.jsonl"), "--cache_dir", str(tmp_path / "cache")],
         cwd=ROOT, env=env(tmp_path), capture_output=True, text=True, check=True,
     )  # fmt: skip

@@ -245,7 +245,7 @@ def _passes(model: ProteinMPNN, enc: Encoding, wildtype: Tensor, plan: JointPlan
 
 def joint_slots(model: ProteinMPNN, enc: Encoding, wildtype: Tensor, plan: JointPlan) -> Slots:
     """The last decoder layer's inputs at every slot of ``plan``, in slot order: `slot_head` on them is
-    differentiable in that layer and the output head (what `dpo_inv.adapt` trains)."""
+    differentiable in that layer and the output head (what `dpo-inv adapt` trains)."""
     parts = _passes(model, enc, wildtype, plan, keep_inputs=True)
     names = ("h_V", "h_E", "h_V_j", "h_S_j", "mask")
     if not parts:

@@ -1,7 +1,7 @@
 """Few-shot adaptation to one protein's labelled variants: DPO on every pair of them, the number of steps and
 the learning rate chosen by grouped cross-validation, the augmented ridge baseline in the same folds.
 
-Each variant is scored as `dpo_inv.score` scores it (`delta_logp`): a single mutant by the conditional
+Each variant is scored as `dpo-inv score` scores it (`delta_logp`): a single mutant by the conditional
 estimator (the substituted position decoded last given the rest of the wild type), a multi-mutant by the
 joint estimator (its substituted positions decoded last, each given those already placed). Only the last
 decoder layer and the output head are trained: the states below them are computed once per structure, so a
@@ -103,7 +103,6 @@ class AdaptConfig:
     cache_dir: str | None = field(default=None, metadata={"help": "Cache for parsed structures."})
     ligand_context: bool = field(default=True, metadata={"help": LIGAND_CONTEXT_HELP})
     ligand_exclude: list[str] = field(default_factory=list, metadata={"help": LIGAND_EXCLUDE_HELP})
-    debug: bool = field(default=False, metadata={"help": "Show tracebacks of errors."})
 
 
 @dataclass
@@ -519,7 +518,7 @@ def adapt(
     ligand_exclude: Sequence[str] = (),
 ) -> AdaptOutput:
     """Adapt `model` (a model, or a name or path :func:`load_model` takes) to one protein's labelled
-    variants, as `python -m dpo_inv.adapt` does; `model` itself is not changed.
+    variants, as `python -m dpo_inv adapt` does; `model` itself is not changed.
 
     `records` is a data file, a list of dicts, a pandas DataFrame or a `datasets.Dataset` of variants with
     `pdb_file`, chains, `sequence`, `wildtype_seq` and a number in `score_field` (higher = better unless
@@ -540,13 +539,13 @@ def adapt(
 
 
 def adapt_file(config: AdaptConfig) -> dict[str, Any]:
-    """`python -m dpo_inv.adapt`: adapt ``config.model`` to the labelled sequences of ``config.data``;
+    """`python -m dpo_inv adapt`: adapt ``config.model`` to the labelled sequences of ``config.data``;
     returns the report."""
     return adapt_model(load_model(config.model), config.data, config)[1]
 
 
 def summary_lines(report: dict[str, Any]) -> list[str]:
-    """What `python -m dpo_inv.adapt` prints: one line per structure, then the outcome."""
+    """What `python -m dpo_inv adapt` prints: one line per structure, then the outcome."""
     lines = [
         f"{s['pdb_file']} ({','.join(s['chains'])}): {s['labelled']} labelled; cross-validated Spearman: "
         f"start {s['spearman_start']}, adapted {s['spearman_adapted']}, augmented ridge "
@@ -563,6 +562,6 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
         f"Done: cross-validated Spearman {report['cv_spearman_adapted']} "
         f"(start {report['cv_spearman_start']}, augmented ridge {report['cv_spearman_augmented_ridge']}, "
         f"{report['cv_folds']} folds grouped by position); {outcome}, augmented ridge on its score to "
-        f"{report['final_ridge']} (dpo_inv.score --ridge)"
+        f"{report['final_ridge']} (dpo-inv score --ridge)"
     )
     return lines

@@ -9,10 +9,13 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from dpo_inv.structures.parse import ALPHABET, AMINO_ACIDS
+from dpo_inv.structures.parse import ALPHABET, AMINO_ACIDS, StructureError
+from dpo_inv.tools.sample import fixed_indices, parse_fixed_positions, prepare_design
 
 MUTATION = re.compile(r"^([A-Z])([A-Za-z]?)(-?\d+[A-Za-z]?)([A-Z])$")
 MAX_CANDIDATES = 2_000_000  # variants a design space may enumerate: a larger one is sampled
@@ -118,3 +121,57 @@ def check_letters(letters: str, spec: str) -> None:
     bad = sorted(set(letters) - set(AMINO_ACIDS))
     if not letters or bad:
         raise ValueError(f"--allowed_aas: {spec!r}: give amino acids of {AMINO_ACIDS} (not {''.join(bad)})")
+
+
+def read_design_space(
+    structure: str,
+    chain_id: Sequence[str],
+    positions: str = "",
+    allowed_aas: str = "",
+    max_mutations: int = 1,
+    parent: str | None = None,
+) -> tuple[DesignSpace, dict[str, Any]]:
+    """The design space of ``structure``'s designed chains (default: all) and the structure's `collate`
+    example: the residues of ``positions`` (ProteinMPNN's syntax, author numbers; default: every observed
+    designed residue) may change to ``allowed_aas`` (`parse_allowed`), at most ``max_mutations`` of them,
+    from ``parent`` (mutations of the structure's sequence; default: that sequence)."""
+    design = prepare_design(Path(structure), chain_id, [], {})
+    parent_tokens = np.asarray(design.example["native"][: len(design.residue_numbers)]).copy()
+    space = DesignSpace(parent_tokens, design.residue_numbers, np.zeros(0, np.int64), [], max_mutations)
+    if parent:
+        parent_tokens = space.parse(parent, "--parent")
+    if positions:
+        starts = dict(zip(design.design_chains, np.cumsum([0, *design.chain_lengths]).tolist(), strict=False))
+        chains = {
+            c: _Chain(c, [n for cc, n in design.residue_numbers if cc == c]) for c in design.design_chains
+        }
+        where = []
+        for chain, ranges in parse_fixed_positions([positions], "--positions").items():
+            if chain not in chains:
+                raise StructureError(f"{structure}: --positions: chain {chain!r} is not designed "
+                                     f"(designed: {', '.join(design.design_chains)})")  # fmt: skip
+            indices = fixed_indices(chains[chain], ranges, Path(structure), "--positions")
+            where += [starts[chain] + i for i in indices]
+        changing = np.array(sorted(set(where)), dtype=np.int64)
+    else:
+        changing = np.flatnonzero(np.asarray(design.example["mask"][: len(parent_tokens)]) > 0)
+    labels = [space.labels[i] for i in changing]
+    allowed_letters = parse_allowed(allowed_aas, labels)
+    unknown = sorted(set(allowed_letters) - set(labels))
+    if unknown:
+        raise ValueError(f"--allowed_aas: {', '.join(unknown)} not among --positions ({', '.join(labels)})")
+    allowed = [
+        np.array([t for t in (ALPHABET.index(a) for a in allowed_letters.get(label, AMINO_ACIDS))
+                  if t != parent_tokens[i]])
+        for label, i in zip(labels, changing, strict=True)
+    ]  # fmt: skip
+    space = DesignSpace(parent_tokens, design.residue_numbers, changing, allowed, max_mutations)
+    return space, design.example
+
+
+@dataclass(frozen=True)
+class _Chain:
+    """What `fixed_indices` reads of a chain: its id and author numbers."""
+
+    chain_id: str
+    numbers: list[str]

@@ -1,5 +1,5 @@
 """Preference pairs, or KTO labels, from scored sequences: `dpo_inv.make_pairs` in Python, and what
-`python -m dpo_inv.pairs` writes."""
+`python -m dpo_inv pairs` writes."""
 
 from __future__ import annotations
 
@@ -91,7 +91,6 @@ class PairsConfig:
             "(modified amino acids count)."
         },
     )
-    debug: bool = field(default=False, metadata={"help": "Print the traceback of a bad-input error too."})
 
 
 @dataclass(frozen=True)
@@ -368,11 +367,11 @@ def make_pairs(
     model: str | None = None,
     cache_dir: str | None = None,
 ) -> list[dict] | pandas.DataFrame:
-    """Preference pairs from scored sequences, as `python -m dpo_inv.pairs` writes them, or sequences
+    """Preference pairs from scored sequences, as `python -m dpo_inv pairs` writes them, or sequences
     labelled desirable or not (for kto) with `labels_from_score` or `labels_from_quantile`.
 
     `scored` is a data file, a list of dicts, a pandas DataFrame or a `datasets.Dataset` of sequences with
-    their structure and a number in `score_field` (e.g. the records `dpo_inv.score` or `dpo_inv.sample`
+    their structure and a number in `score_field` (e.g. the records `dpo-inv score` or `dpo-inv sample`
     return). Sequences are grouped by structure and chains; `strategy` is one of: best_vs_worst (i-th best
     against i-th worst of each group), all, top_vs_rest (the `top_k` best against the others),
     same_position (single mutants against other mutants at the same position). A pair needs a score
@@ -392,7 +391,7 @@ def make_pairs(
 
 
 def pairs_file(config: PairsConfig) -> dict:
-    """`python -m dpo_inv.pairs`: read `config.data`, write the pairs to `config.output` (a relative
+    """`python -m dpo_inv pairs`: read `config.data`, write the pairs to `config.output` (a relative
     pdb_file relative to its folder, an absolute one as it was), return the summary."""
     output = Path(config.output)
     rows, summary = pair_rows(config.data, config)

@@ -4,7 +4,7 @@ A campaign is one folder. `campaign.json` holds its design space (structure, cha
 allowed amino acids, at most k mutations, or a list of candidates) and the model; `round_N/proposals.csv`
 and `round_N/proposals.fasta` each round's batch; `round_N/measurements.csv` what came back (any rows:
 controls that were never proposed too). Each call reads every measurement, adapts the model to them
-(`dpo_inv.adapt`: written to `round_N/model` with `round_N/adapt.json` when cross-validation keeps it), fits
+(`dpo-inv adapt`: written to `round_N/model` with `round_N/adapt.json` when cross-validation keeps it), fits
 the ensemble predictor of `dpo_inv.tools.acquisition` on them over the model's joint score, and writes the
 next round.
 """
@@ -30,12 +30,12 @@ from dpo_inv.models.mpnn import ProteinMPNN, derive_seed
 from dpo_inv.models.sampling import sample_sequences
 from dpo_inv.models.variants import conditional_log_probs, round_metric
 from dpo_inv.models.weights import as_model
-from dpo_inv.structures.parse import ALPHABET, AMINO_ACIDS, StructureError, tokenize
+from dpo_inv.structures.parse import ALPHABET, AMINO_ACIDS, tokenize
 from dpo_inv.tools.acquisition import choose_batch, top_batch
 from dpo_inv.tools.adapt import AdaptConfig, Adapted, choose_and_train, variant_set
-from dpo_inv.tools.design_space import MAX_CANDIDATES, DesignSpace, parse_allowed
+from dpo_inv.tools.design_space import MAX_CANDIDATES, DesignSpace, read_design_space
 from dpo_inv.tools.reward_fn import RewardFunction, compute_rewards
-from dpo_inv.tools.sample import fixed_indices, parse_fixed_positions, prepare_design
+from dpo_inv.tools.sample import prepare_design
 from dpo_inv.training.launch import resolve_device
 
 CAMPAIGN_FILE = "campaign.json"
@@ -86,14 +86,14 @@ class ProposeConfig:
     members: int = field(default=10, metadata={"help": "Ensemble members (bootstrap fits)."})
     adapt: Literal["auto", "yes", "no"] = field(
         default="auto",
-        metadata={"help": "Adapt the model to the measurements first (dpo_inv.adapt's cross-validated DPO; "
+        metadata={"help": "Adapt the model to the measurements first (dpo-inv adapt's cross-validated DPO; "
                   "the model is kept where that does not rank held-out measurements better): yes, no, or "
                   "auto: where every measured variant is a single mutant (on combinations it costs minutes "
                   "a round)."},
     )  # fmt: skip
     reward: str | None = field(
         default=None,
-        metadata={"help": "Measure each round with a function instead of the lab, as dpo_inv.rounds: "
+        metadata={"help": "Measure each round with a function instead of the lab, as dpo-inv rounds: "
                   "path/to/file.py:function or package.module:function, given records (pdb_file, "
                   "design_chains, fixed_chains, sequence), returning one number per record."},
     )  # fmt: skip
@@ -155,57 +155,6 @@ def settle_campaign(config: ProposeConfig) -> ProposeConfig:
                 f"{getattr(config, name)!r}: keep the campaign's settings, or start another campaign folder"
             )
     return ProposeConfig(**{**asdict(config), **saved})
-
-
-def design_space(config: ProposeConfig) -> tuple[DesignSpace, dict[str, Any]]:
-    """The space of the campaign and the structure's `collate` example."""
-    design = prepare_design(Path(config.structure), config.chain_id, [], {})
-    parent_tokens = np.asarray(design.example["native"][: len(design.residue_numbers)]).copy()
-    space = DesignSpace(
-        parent_tokens, design.residue_numbers, np.zeros(0, np.int64), [], config.max_mutations
-    )
-    if config.parent:
-        parent_tokens = space.parse(config.parent, "--parent")
-    if config.positions:
-        starts = dict(zip(design.design_chains, np.cumsum([0, *design.chain_lengths]).tolist(), strict=False))
-        chains = {
-            c: _Chain(c, [n for cc, n in design.residue_numbers if cc == c]) for c in design.design_chains
-        }
-        positions = []
-        for chain_id, ranges in parse_fixed_positions([config.positions], "--positions").items():
-            if chain_id not in chains:
-                raise StructureError(f"{config.structure}: --positions: chain {chain_id!r} is not designed "
-                                     f"(designed: {', '.join(design.design_chains)})")  # fmt: skip
-            indices = fixed_indices(chains[chain_id], ranges, Path(config.structure), "--positions")
-            positions += [starts[chain_id] + i for i in indices]
-        positions = np.array(sorted(set(positions)), dtype=np.int64)
-    else:
-        positions = np.flatnonzero(np.asarray(design.example["mask"][: len(parent_tokens)]) > 0)
-    labels = [space.labels[i] for i in positions]
-    allowed_letters = parse_allowed(config.allowed_aas, labels)
-    unknown = sorted(set(allowed_letters) - set(labels))
-    if unknown:
-        raise ValueError(f"--allowed_aas: {', '.join(unknown)} not among --positions ({', '.join(labels)})")
-    allowed = [
-        np.array([t for t in (ALPHABET.index(a) for a in allowed_letters.get(label, AMINO_ACIDS))
-                  if t != parent_tokens[i]])
-        for label, i in zip(labels, positions, strict=True)
-    ]  # fmt: skip
-    if config.candidates is None and config.max_mutations > len(positions):
-        raise ValueError(
-            f"--max_mutations {config.max_mutations}: only {len(positions)} positions may change; give "
-            f"at most {len(positions)} or more --positions"
-        )
-    space = DesignSpace(parent_tokens, design.residue_numbers, positions, allowed, config.max_mutations)
-    return space, design.example
-
-
-@dataclass(frozen=True)
-class _Chain:
-    """What `fixed_indices` reads of a chain: its id and author numbers."""
-
-    chain_id: str
-    numbers: list[str]
 
 
 def measured_variants(space: DesignSpace, rows: list[Measurement]) -> tuple[np.ndarray, np.ndarray]:
@@ -334,7 +283,7 @@ def zero_shot(model: ProteinMPNN, example: dict[str, Any], space: DesignSpace, v
 def adapt_to_measurements(model: ProteinMPNN, example: dict[str, Any], space: DesignSpace,
                           measured: np.ndarray, values: np.ndarray, seed: int,
                           device: torch.device) -> Adapted:  # fmt: skip
-    """`dpo_inv.adapt` on the measured variants (higher values better): the model to score candidates with,
+    """`dpo-inv adapt` on the measured variants (higher values better): the model to score candidates with,
     and each measurement's score by a model that did not train on it."""
     visible = np.asarray(example["native"][len(space.parent) :])
     parent = torch.from_numpy(np.concatenate([space.parent, visible]))
@@ -392,7 +341,13 @@ def propose_round(config: ProposeConfig, model: ProteinMPNN | None = None) -> di
             f"{folder / f'round_{last}'}: its proposals await their measurements: write them to "
             f"{folder / f'round_{last}' / 'measurements.csv'} (mutations,value), then propose again"
         )
-    space, example = design_space(config)
+    space, example = read_design_space(config.structure, config.chain_id, config.positions,
+                                       config.allowed_aas, config.max_mutations, config.parent)  # fmt: skip
+    if config.candidates is None and config.max_mutations > len(space.positions):
+        raise ValueError(
+            f"--max_mutations {config.max_mutations}: only {len(space.positions)} positions may change; give "
+            f"at most {len(space.positions)} or more --positions"
+        )
     rows = read_campaign_measurements(folder, config)
     measured, values = measured_variants(space, rows)
     values = -values if config.lower_is_better else values
@@ -495,7 +450,7 @@ def propose(
     reward: RewardFunction | str | None = None,
     **options: Any,
 ) -> dict[str, Any] | list[dict[str, Any]]:
-    """Write the next round of the campaign in folder `campaign`, as `python -m dpo_inv.propose` does;
+    """Write the next round of the campaign in folder `campaign`, as `python -m dpo_inv propose` does;
     `options` are the command's (`structure`, `chain_id`, `positions`, `allowed_aas`, `max_mutations`,
     `batch_size`, `rounds`, ...). Returns the round's summary; its proposals are in
     `summary["proposals"]`. With a `reward` (a function given the proposals as records — `pdb_file`,
@@ -505,7 +460,7 @@ def propose(
     names = {f.name for f in fields(ProposeConfig)}
     unknown = sorted(set(options) - names)
     if unknown:
-        raise TypeError(f"propose() got unknown options {unknown}; see python -m dpo_inv.propose --help")
+        raise TypeError(f"propose() got unknown options {unknown}; see python -m dpo_inv propose --help")
     name = model if isinstance(model, str) else model.config.name_or_path
     named = reward if isinstance(reward, str) else None
     config = ProposeConfig(campaign=str(campaign), model=str(name), reward=named, **options)

@@ -1,6 +1,6 @@
 """The example oracle: fewer hydrophobic residues at solvent-exposed positions is better.
 
-It labelled the bundled example pairs, and is a reward in the form `dpo_inv.rounds` calls:
+It labelled the bundled example pairs, and is a reward in the form `dpo-inv rounds` calls:
 
     reward: dpo_inv.tools.rewards:exposed_hydrophobic
 

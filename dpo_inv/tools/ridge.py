@@ -1,6 +1,6 @@
 """The low-N baseline of Hsu et al. (Nat. Biotechnol. 2022): ridge regression on one-hot sequences, and the
 augmented model, one-hot plus a model's score as one more, unpenalised feature. Closed form, in NumPy; the
-fitted augmented models of `dpo_inv.adapt` are saved and read here (`AugmentedRidge`)."""
+fitted augmented models of `dpo-inv adapt` are saved and read here (`AugmentedRidge`)."""
 
 from __future__ import annotations
 
@@ -79,7 +79,7 @@ def augmented_features(tokens: np.ndarray, scores: np.ndarray) -> np.ndarray:
     return np.hstack([one_hot(tokens), np.asarray(scores, dtype=np.float64)[:, None]])
 
 
-RIDGE_FILE = "augmented_ridge.json"  # written by `dpo_inv.adapt`, read by `dpo_inv.score --ridge`
+RIDGE_FILE = "augmented_ridge.json"  # written by `dpo-inv adapt`, read by `dpo-inv score --ridge`
 
 
 def model_fingerprint(model: torch.nn.Module) -> str:
@@ -162,8 +162,8 @@ class AugmentedRidge:
                        content["score_field"], bool(content["lower_is_better"]), proteins,
                        content.get("variant_scoring", "conditional"))  # fmt: skip
         except FileNotFoundError:
-            raise DataError(f"{path}: no such file: give the {RIDGE_FILE} that dpo_inv.adapt wrote") from None
+            raise DataError(f"{path}: no such file: give the {RIDGE_FILE} that dpo-inv adapt wrote") from None
         except (OSError, ValueError, KeyError, TypeError) as err:
             raise DataError(
-                f"{path}: not an augmented ridge file written by dpo_inv.adapt ({type(err).__name__}: {err})"
+                f"{path}: not an augmented ridge file written by dpo-inv adapt ({type(err).__name__}: {err})"
             ) from None

@@ -1,5 +1,5 @@
-"""On-policy rounds of sampling, scoring, pairing and training: `dpo_inv.rounds` in Python, and what
-`python -m dpo_inv.rounds` runs."""
+"""On-policy rounds of sampling, scoring, pairing and training: `dpo-inv rounds` in Python, and what
+`python -m dpo_inv rounds` runs."""
 
 from __future__ import annotations
 
@@ -205,7 +205,7 @@ def sampling_pass(
 
 
 def training_file(accelerator: Accelerator, config: RoundsConfig, sampled: Pass) -> tuple[Path, int]:
-    """Rank 0 writes the round's pairs (labelled samples for kto) with `dpo_inv.pairs`; returns the file
+    """Rank 0 writes the round's pairs (labelled samples for kto) with `dpo-inv pairs`; returns the file
     and its number of records."""
     output = sampled.directory / ("labels.jsonl" if config.unpaired else "pairs.jsonl")
     failure, count = None, 0
@@ -318,7 +318,7 @@ def check_reward(config: RoundsConfig, reward: RewardFunction | None) -> None:
 
 
 def rounds(config: RoundsConfig, reward: RewardFunction | None = None) -> list[dict]:
-    """On-policy rounds as `python -m dpo_inv.rounds` runs them: each round samples from the current model,
+    """On-policy rounds as `python -m dpo_inv rounds` runs them: each round samples from the current model,
     scores the samples, pairs them and trains on them; a last sampling pass scores the final model.
 
     `reward` is a Python function (one defined in a notebook will do) called with a list of records

@@ -1,5 +1,5 @@
-"""Designing sequences for backbone structures: `dpo_inv.sample` in Python, and the options, inputs and
-outputs of `python -m dpo_inv.sample`."""
+"""Designing sequences for backbone structures: `dpo-inv sample` in Python, and the options, inputs and
+outputs of `python -m dpo_inv sample`."""
 
 from __future__ import annotations
 
@@ -50,7 +50,7 @@ RESIDUE_RANGE = re.compile(rf"^({RESIDUE})(?:-({RESIDUE}))?$")
 
 @dataclass
 class SampleConfig:
-    """Options of `python -m dpo_inv.sample`."""
+    """Options of `python -m dpo_inv sample`."""
 
     output_dir: str = field(metadata={"help": "Where <structure name>.fa and samples.jsonl are written."})
     model: str = field(
@@ -514,14 +514,14 @@ def sample(
 ) -> list[dict[str, Any]]:
     """Design sequences for one backbone structure (PDB or mmCIF, optionally gzipped) or several, by
     autoregressive sampling from `model` (a model, or a name or path :func:`load_model` takes), with the
-    records `python -m dpo_inv.sample` writes to samples.jsonl (same seed, same sequences).
+    records `python -m dpo_inv sample` writes to samples.jsonl (same seed, same sequences).
 
     Each record holds `structure` (the path as given), `design_chains`, `fixed_chains`, `sample` (from 1),
     `temperature`, `seed`, `sequence` (the designed chains, in order), `log_likelihood` (mean log p of the
     designed residues) and `recovery` (their fraction of native residues). `fixed_positions` are author
     residue numbers such as `"A:1-10,15 B:3"`, `redesigned_residues` the only ones designed, as LigandMPNN
     (`"A12 A13 B52A"`), `max_mutations` the most residues a sample changes, `tied_positions` such as
-    `"A:1-10=B:1-10"` (one amino acid per tie); see `python -m dpo_inv.sample --help` for the other options.
+    `"A:1-10=B:1-10"` (one amino acid per tie); see `python -m dpo_inv sample --help` for the other options.
     """
     paths = [structure] if isinstance(structure, (str, os.PathLike)) else list(structure)
     config = SampleConfig(output_dir="", structure=str(paths[0]), design_chains=list(design_chains),
@@ -550,7 +550,7 @@ def keep_other_structures(path: Path, names: set[str]) -> None:
 
 
 def sample_file(config: SampleConfig) -> None:
-    """`python -m dpo_inv.sample`: design every structure of ``config``; write the FASTA files and add the
+    """`python -m dpo_inv sample`: design every structure of ``config``; write the FASTA files and add the
     samples to ``samples.jsonl`` (one folder may hold several structures' samples, as ProteinMPNN's
     `seqs/`; a structure sampled there before is refused without ``overwrite``). Every input is checked
     before the model is loaded, so a bad one stops the run before any sampling."""

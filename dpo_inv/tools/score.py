@@ -1,5 +1,5 @@
-"""Scoring preference pairs and sequences under a model: `dpo_inv.score` in Python, and what
-`python -m dpo_inv.score` computes."""
+"""Scoring preference pairs and sequences under a model: `dpo-inv score` in Python, and what
+`python -m dpo_inv score` computes."""
 
 from __future__ import annotations
 
@@ -95,7 +95,7 @@ class ScoreConfig:
     ridge: str | None = field(
         default=None,
         metadata={
-            "help": "The augmented_ridge.json dpo_inv.adapt wrote beside its final model (--model): adds "
+            "help": "The augmented_ridge.json dpo-inv adapt wrote beside its final model (--model): adds "
             "predicted_<label field>, the augmented ridge model on delta_logp, to each variant of the "
             "proteins it was fitted on; the Spearman reported is then of that prediction."
         },
@@ -267,19 +267,19 @@ def label_value(value: object, locations: Sequence[str], index: int, field: str)
     return number
 
 
-def check_ridge(ridge: AugmentedRidge, model: ProteinMPNN, is_pairs: bool, config: ScoreConfig) -> None:
-    """Settings under which the augmented ridge would predict from another score than it was fitted on."""
-    if is_pairs:
-        raise ValueError(f"--ridge {config.ridge}: it predicts labelled variants' labels, not pairs")
-    if config.variant_scoring != ridge.variant_scoring or config.decoding_order != ridge.decoding_order:
+def check_ridge(ridge: AugmentedRidge, model: ProteinMPNN, path: str, variant_scoring: str | None,
+                decoding_order: str | None) -> None:  # fmt: skip
+    """Settings under which the augmented ridge at ``path`` would predict from another score than it was
+    fitted on."""
+    if variant_scoring != ridge.variant_scoring or decoding_order != ridge.decoding_order:
         raise ValueError(
-            f"--ridge {config.ridge} was fitted on {ridge.variant_scoring} delta_logp with --decoding_order "
-            f"{ridge.decoding_order}: give those (not --variant_scoring {config.variant_scoring} "
-            f"--decoding_order {config.decoding_order})"
+            f"--ridge {path} was fitted on {ridge.variant_scoring} delta_logp with --decoding_order "
+            f"{ridge.decoding_order}: give those (not --variant_scoring {variant_scoring} "
+            f"--decoding_order {decoding_order})"
         )
     if model_fingerprint(model) != ridge.fingerprint:
         raise ValueError(
-            f"--ridge {config.ridge} was fitted on the delta_logp of {ridge.model}, which --model "
+            f"--ridge {path} was fitted on the delta_logp of {ridge.model}, which --model "
             f"{model.name_or_path} is not: give --model {ridge.model}"
         )
 
@@ -305,7 +305,9 @@ def score_records(
         variant_scoring=config.variant_scoring or getattr(ridge, "variant_scoring", "conditional"),
     )
     if ridge is not None:
-        check_ridge(ridge, model, is_pairs, config)
+        if is_pairs:
+            raise ValueError(f"--ridge {config.ridge}: it predicts labelled variants' labels, not pairs")
+        check_ridge(ridge, model, config.ridge, config.variant_scoring, config.decoding_order)
         missing = [f"{r.location}: no wildtype_seq: --ridge predicts variants of a wild type it was fitted on"
                    for r, row in zip(records, rows, strict=True) if not row.get("wildtype_seq")]  # fmt: skip
         if missing:
@@ -358,12 +360,12 @@ def score(
     ligand_exclude: Sequence[str] = (),
 ) -> list[dict] | pandas.DataFrame:
     """Score preference pairs or sequences under `model` (a model, or a name or path :func:`load_model`
-    takes), with the numbers `python -m dpo_inv.score` writes.
+    takes), with the numbers `python -m dpo_inv score` writes.
 
     `records` is a data file, a list of dicts, a pandas DataFrame or a `datasets.Dataset`. Pairs get
     `preferred_logp` and `unpreferred_logp` (with a `reference`, also `preferred_reward` and
     `unpreferred_reward`); sequences with a `wildtype_seq` get `delta_logp`, other sequences `logp` and
-    `logp_per_residue` (see `python -m dpo_inv.score --help` for the options). With `ridge`, the
+    `logp_per_residue` (see `python -m dpo_inv score --help` for the options). With `ridge`, the
     `augmented_ridge.json` :func:`adapt` wrote for `model`, variants also get `predicted_<label field>`.
     Returns the records with their scores: a DataFrame when `records` is one, else a list of dicts. Bad
     records raise one `DataError` (a `ValueError`), a line each.
@@ -379,7 +381,7 @@ def score(
 
 
 def score_file(config: ScoreConfig) -> dict:
-    """`python -m dpo_inv.score`: score every record of `config.data`, write `config.output` (and the
+    """`python -m dpo_inv score`: score every record of `config.data`, write `config.output` (and the
     per-structure table), return the summary."""
     model = load_model(config.model)
     reference = load_model(config.reference) if config.reference else None

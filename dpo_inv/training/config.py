@@ -2,16 +2,11 @@
 
 from __future__ import annotations
 
-import argparse
-import difflib
-import sys
 from dataclasses import asdict, dataclass, field, fields
 from importlib.util import find_spec
-from typing import Any, Literal, NoReturn
+from typing import Any, Literal
 
-import yaml
 from accelerate.utils import LoggerType
-from trl import TrlParser
 
 from dpo_inv.models.weights import LIGAND_CONTEXT_HELP, LIGAND_EXCLUDE_HELP
 from dpo_inv.training import kto
@@ -306,7 +301,6 @@ class DPOConfig:
         default=False,
         **field_help("Write the pair indices each rank trained on, per micro-batch, to data_order.jsonl."),
     )
-    debug: bool = field(default=False, **field_help("Print the traceback of a bad-input error too."))
     # distributed
     backend: str | None = field(
         default=None,
@@ -437,58 +431,3 @@ class DPOConfig:
     def to_sanitized_dict(self) -> dict:
         """The configuration as trackers take it (TensorBoard's hyperparameters): lists and None as text."""
         return {k: v if isinstance(v, (bool, int, float, str)) else str(v) for k, v in self.to_dict().items()}
-
-
-class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
-    """Defaults shown, the command's docstring as written."""
-
-
-def command_parser(
-    config_class: type, prog: str, description: str | None = None, epilog: str | None = None
-) -> TrlParser:
-    """The parser of a command whose options are the fields of ``config_class``, with TRL's `--config
-    FILE.yaml`; a short usage line, and `--no_X` described as what it does."""
-    usage = "%(prog)s [--config FILE.yaml] [--option value ...] (--help: all)"
-    parser = TrlParser(
-        dataclass_types=[config_class], prog=prog, description=description, epilog=epilog,
-        formatter_class=HelpFormatter, usage=usage,
-    )  # fmt: skip
-    for action in parser._actions:
-        if isinstance(action, argparse._StoreFalseAction) and action.option_strings[0].startswith("--no_"):
-            action.help, action.default = f"Turn --{action.dest} off.", argparse.SUPPRESS
-    return parser
-
-
-def exit_bad_input(parser: argparse.ArgumentParser, message: str) -> NoReturn:
-    """Exit with status 2 and one line, as argparse's errors end (without their usage text)."""
-    parser.exit(EXIT_BAD_INPUT, f"{parser.prog}: error: {message}\n")
-
-
-def parse_command(parser: TrlParser, args: list[str] | None = None) -> list[Any]:
-    """The dataclass (and any extra positional arguments) of `--config FILE.yaml` plus `--field value`
-    overrides (command line wins). A bad value or an unknown key of the file exits with status 2 and one
-    line; an unknown key is named with the closest option."""
-    args = list(sys.argv[1:] if args is None else args)
-    try:
-        *outputs, from_file, unknown = parser.parse_args_and_config(
-            args, return_remaining_strings=True, separate_remaining_strings=True
-        )
-    except (ValueError, OSError, yaml.YAMLError) as err:
-        exit_bad_input(parser, " ".join(str(err).split()))
-    if unknown:
-        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
-    keys = [text[2:] for text in from_file if text.startswith("--")]
-    if keys:
-        options = [action.dest for action in parser._actions]
-        closest = {key: difflib.get_close_matches(key, options, 1) for key in keys}
-        named = [f"{key} (did you mean {close[0]}?)" if close else key for key, close in closest.items()]
-        path = args[args.index("--config") + 1]
-        exit_bad_input(parser, f"{path}: unknown key {', '.join(named)}")
-    return outputs
-
-
-def parse_config(args: list[str] | None = None) -> DPOConfig:
-    """`--config FILE.yaml` plus `--field value` overrides; a bad value exits with status 2 in one line."""
-    description = "DPO training (and KTO, ResiDPO) of ProteinMPNN and LigandMPNN models."
-    (config,) = parse_command(command_parser(DPOConfig, "python -m dpo_inv.run", description, EPILOG), args)
-    return config

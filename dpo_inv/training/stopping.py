@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
-import sys
 import threading
-import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -17,7 +15,7 @@ import torch
 from accelerate import Accelerator
 
 from dpo_inv.data.records import DataError
-from dpo_inv.training.config import EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_NONFINITE
+from dpo_inv.training.config import EXIT_INTERRUPTED, EXIT_NONFINITE
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)  # what PBS and SLURM send before the walltime
 
@@ -90,9 +88,9 @@ def diverged(output_dir: Path, step: int, in_a_row: int) -> TrainingStopped:
 def ending(accelerator: Accelerator) -> Iterator[None]:
     """End the job's trackers and leave the process group (`accelerator.end_training()`), every rank
     together when they all ended well. On a stop that every rank takes (TrainingStopped, DataError) only
-    the trackers end: `run_job` leaves the group once rank 0 has said why. Left without a barrier, a rank
-    could reach interpreter shutdown while gloo's threads still release the last collective's tensors,
-    and abort."""
+    the trackers end: the command runner (`dpo_inv.cli`) leaves the group once rank 0 has said why.
+    Left without a barrier, a rank could reach interpreter shutdown while gloo's threads still release the
+    last collective's tensors, and abort."""
     try:
         yield
     except (TrainingStopped, DataError):
@@ -112,28 +110,3 @@ def leave_process_group() -> None:
     if torch.distributed.is_initialized():
         torch.distributed.barrier()
         torch.distributed.destroy_process_group()
-
-
-def run_job(job: Callable[[], object], debug: bool) -> None:
-    """Run a job (training, rounds) and exit with its status: 0; EXIT_BAD_INPUT with one line per bad
-    record (rank 0 says them); a TrainingStopped's status (rank 0 says why); 1 on another error, which
-    each failing rank reports as a last line `rank R: ...` (under a launcher the ranks share one output)."""
-    try:
-        job()
-    except TrainingStopped as stopped:
-        if os.environ.get("RANK", "0") == "0":
-            print(stopped, flush=True)
-        leave_process_group()
-        sys.exit(stopped.exit_code)
-    except DataError as err:
-        if debug:
-            traceback.print_exc()
-        if os.environ.get("RANK", "0") == "0":
-            print(err, file=sys.stderr)
-        leave_process_group()
-        sys.exit(EXIT_BAD_INPUT)
-    except Exception as err:
-        traceback.print_exc()
-        message = str(err).replace("\n", " | ")
-        print(f"rank {os.environ.get('RANK', 0)}: {type(err).__name__}: {message}", file=sys.stderr)
-        sys.exit(1)

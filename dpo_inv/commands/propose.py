@@ -1,6 +1,6 @@
-"""`python -m dpo_inv.propose --campaign DIR ...`: the next batch of variants to make (`dpo-inv propose`).
+"""`python -m dpo_inv propose --campaign DIR ...`: the next batch of variants to make.
 
-    python -m dpo_inv.propose --campaign campaigns/trpb --structure 5DVZ_A.pdb.gz --chain_id A \\
+    python -m dpo_inv propose --campaign campaigns/trpb --structure 5DVZ_A.pdb.gz --chain_id A \\
         --positions "A:182,183,226,227" --max_mutations 4 --batch_size 96
 
 The first call starts the campaign: DIR/campaign.json keeps its design space and model, and DIR/round_1
@@ -10,7 +10,7 @@ predicted value, uncertainty, the model's zero-shot joint delta_logp, what picke
 ProteinGym's `mutant,DMS_score`; controls that were not proposed are welcome) and call again with
 `--campaign DIR` alone: the ensemble predictor is fitted on every measurement so far and round_2 is written.
 Measurements made before the campaign: `--measurements FILE` (kept as DIR/round_0/measurements.csv).
-With `--reward file.py:function` (or `--reward_command`, as `dpo_inv.rounds` takes them) the proposals are
+With `--reward file.py:function` (or `--reward_command`, as `rounds` takes them) the proposals are
 measured by it and written as the round's measurements; `--rounds N` runs N rounds so. A summary JSON line
 per round goes to stdout.
 """
@@ -19,23 +19,11 @@ from __future__ import annotations
 
 import json
 
-import datasets
-
-from dpo_inv.structures.parse import StructureError
 from dpo_inv.tools.propose import ProposeConfig, run_campaign
-from dpo_inv.training.config import command_parser, exit_bad_input, parse_command
+
+Config = ProposeConfig
 
 
-def main(args: list[str] | None = None) -> None:
-    parser = command_parser(ProposeConfig, "python -m dpo_inv.propose", __doc__)
-    (config,) = parse_command(parser, args)
-    datasets.disable_progress_bars()
-    try:
-        for summary in run_campaign(config):
-            print(json.dumps(summary), flush=True)
-    except (StructureError, ValueError, OSError) as err:
-        exit_bad_input(parser, str(err))
-
-
-if __name__ == "__main__":
-    main()
+def run(config: ProposeConfig) -> None:
+    for summary in run_campaign(config):
+        print(json.dumps(summary), flush=True)
