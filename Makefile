@@ -9,8 +9,8 @@ TORCH ?= torch==2.13.0
 STABILITY ?= ../shared/stability/train.jsonl
 STABILITY_DIR := outputs/stability
 
-.PHONY: setup example ligand-example kto-example residpo-example rounds-example stability adapt-example test lint \
-	clean
+.PHONY: setup example ligand-example kto-example residpo-example rounds-example stability adapt-example test test-fast \
+	lint clean
 
 setup: $(VENV)/.installed
 
@@ -70,6 +70,11 @@ adapt-example: setup
 test: setup
 	$(PY) -m ruff check dpo_inv tests scripts
 	$(PY) -m pytest
+
+# the inner loop: every module's core, without the tests marked slow (training runs, several processes, ...)
+test-fast: setup
+	$(PY) -m ruff check dpo_inv tests scripts
+	$(PY) -m pytest -m "not slow" -q
 
 lint: setup
 	$(PY) -m ruff check dpo_inv tests scripts

@@ -308,7 +308,7 @@ def micro_batch(trainer: Trainer, reference: ProteinMPNN | None, batch: dict, ep
     with accelerator.accumulate(model):
         loss, per_pair = step_metrics(trainer.config, model, reference, batch, epoch, accelerator)
         accelerator.backward(loss)
-        finite = bool(accelerator.gather_for_metrics(per_pair).double().cpu()[:, 0].isfinite().all())
+        finite = bool(accelerator.gather_for_metrics(per_pair)["loss"].isfinite().all())
         if accelerator.sync_gradients:
             max_norm = trainer.config.max_grad_norm or math.inf
             grad_norm = accelerator.clip_grad_norm_(model.parameters(), max_norm)

@@ -98,6 +98,7 @@ def test_conditional_head_equals_the_conditional_estimator(tmp_path):
         torch.testing.assert_close(conditional_head(model, states), expected, rtol=0, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_adapt_end_to_end_writes_a_model_that_score_reads(tmp_path):
     labelled = write(tmp_path / "labelled.jsonl", domain_rows(48))
     rest = write(tmp_path / "rest.jsonl", domain_rows(200, seed=1)[48:])
@@ -136,6 +137,7 @@ def score_command(tmp_path, *args: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, cwd=ROOT)  # fmt: skip
 
 
+@pytest.mark.slow
 def test_the_augmented_ridge_adapt_ships_is_what_score_applies(tmp_path):
     labelled = write(tmp_path / "labelled.jsonl", domain_rows(40))
     result = run(str(labelled), "--output_dir", str(tmp_path / "out"), *QUICK)
@@ -186,6 +188,7 @@ def test_the_augmented_ridge_adapt_ships_is_what_score_applies(tmp_path):
         assert len(lines) == 1 and expected in lines[0] and "Traceback" not in bad.stderr, bad.stderr
 
 
+@pytest.mark.slow
 def test_adapt_keeps_the_starting_model_when_labels_say_nothing(tmp_path):
     rows = domain_rows(40)
     noise = np.random.default_rng(3).permutation([r["label"] for r in rows])
@@ -208,6 +211,7 @@ def test_adapt_keeps_the_starting_model_when_labels_say_nothing(tmp_path):
     assert report["decision"].startswith("kept the starting model"), report
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "case, expected",
     [
@@ -245,6 +249,7 @@ def test_bad_input_is_one_line_naming_the_file_and_exit_2(tmp_path, case, expect
         assert str(labelled) in lines[0]
 
 
+@pytest.mark.slow
 def test_two_processes_choose_and_train_as_one(tmp_path):
     labelled = write(tmp_path / "labelled.jsonl", domain_rows(30))
     one = run(str(labelled), "--output_dir", str(tmp_path / "one"), *QUICK)

@@ -90,6 +90,7 @@ def test_records_in_memory_load_as_the_file_does(tmp_path):
     assert lines[1].startswith(f"records record 14: structure file not found: {Path.cwd() / 'missing.pdb'}")
 
 
+@pytest.mark.slow
 def test_score_gives_the_numbers_of_the_command(tmp_path):
     output = tmp_path / "scored.jsonl"
     score_file(ScoreConfig(data=str(PAIRS), output=str(output), reference="vanilla/v_48_020"))
@@ -132,6 +133,7 @@ def test_make_pairs_in_memory_matches_the_command(tmp_path):
     assert (output.parent / expected[0]["pdb_file"]).resolve() == Path(pairs.pdb_file[0])
 
 
+@pytest.mark.slow
 def test_train_on_a_dataframe_returns_the_model_and_its_metrics(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # records in memory: structure paths relative to the working directory
     rows = [
@@ -167,6 +169,7 @@ def test_train_on_a_dataframe_returns_the_model_and_its_metrics(tmp_path, monkey
         dpo_inv.train(dataclasses.replace(config, output_dir="bad"), train_dataset=bad)
 
 
+@pytest.mark.slow
 def test_rounds_call_a_reward_defined_in_python(tmp_path):
     calls = []
 
@@ -244,6 +247,7 @@ print(f"trained: loss {metrics['loss']:.6f}", flush=True)
 """
 
 
+@pytest.mark.slow
 def test_a_script_calling_train_runs_on_every_process_of_a_launch(tmp_path):
     script = tmp_path / "my_training.py"
     script.write_text(SCRIPT)

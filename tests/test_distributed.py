@@ -71,6 +71,7 @@ def data_order(output) -> list[list[list[int]]]:
     return [json.loads(line)["indices"] for line in (output / "data_order.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(launchers("0")))
 def test_two_processes_match_one_process_with_the_same_global_batch(tmp_path, single_process, name):
     if name in LAUNCHERS_ON_MPIEXEC:
@@ -118,6 +119,7 @@ def test_two_processes_match_one_process_with_the_same_global_batch(tmp_path, si
     assert sorted(p.name for p in output.iterdir()) == written
 
 
+@pytest.mark.slow
 def test_a_rank_that_cannot_reach_the_master_fails_naming_the_address(tmp_path):
     port = free_port()
     result = subprocess.run(

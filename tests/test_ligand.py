@@ -200,6 +200,7 @@ def run(module: str, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, *command, *args], capture_output=True, text=True, cwd=ROOT)
 
 
+@pytest.mark.slow
 def test_score_cli_equals_official_ligandmpnn(ligand_models, tmp_path):
     """The issue's done-when: dpo_inv.score's preferred/unpreferred log p of pairs on a protein–DNA–zinc
     structure under a ligand model equal official LigandMPNN's."""
@@ -224,6 +225,7 @@ def test_score_cli_equals_official_ligandmpnn(ligand_models, tmp_path):
             assert row[logp] == pytest.approx(expected, abs=1e-3)
 
 
+@pytest.mark.slow
 def test_dpo_sampling_and_export_with_a_ligand_model(tmp_path):
     """One DPO step of LigandMPNN, then sampling with the trained model around the DNA and zinc; a structure
     without ligand atoms works, and the run says so once."""

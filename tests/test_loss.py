@@ -11,7 +11,15 @@ from dpo_inv.data.dataset import load_pairs
 from dpo_inv.models.mpnn import decoding_ranks, sequence_log_probs
 from dpo_inv.models.weights import load_model
 from dpo_inv.training.config import DPOConfig
-from dpo_inv.training.loss import PairLogps, anchor_kl, batch_ranks, dpo_loss, pair_logps, preference_loss
+from dpo_inv.training.loss import (
+    METRICS,
+    PairLogps,
+    anchor_kl,
+    batch_ranks,
+    dpo_loss,
+    pair_logps,
+    preference_loss,
+)
 from dpo_inv.training.objective import step_metrics
 
 # policy prefers the chosen sequence by 2 nats more than the reference does
@@ -66,6 +74,7 @@ def test_unknown_loss_type():
         dpo_loss(POLICY, REFERENCE, BETA, "kto")
 
 
+@pytest.mark.slow
 def test_pair_logps_sum_loss_positions_and_average_orders():
     data = load_pairs(SHARED_DATA / "multichain.jsonl")
     batch = collate([PreferenceDataset(data)[i] for i in (0, 1)])  # 1hvr (A designed, B fixed), 1BD2 peptide
@@ -98,6 +107,7 @@ def test_pair_logps_sum_loss_positions_and_average_orders():
     assert logps.num_positions.tolist() == [88.0, 9.0]
 
 
+@pytest.mark.slow
 def test_anchor_kl_is_the_reference_to_policy_kl_outside_the_scored_positions():
     data = load_pairs(SHARED_DATA / "multichain.jsonl")
     batch = collate([PreferenceDataset(data)[i] for i in (0, 1)])
@@ -119,17 +129,22 @@ def test_anchor_kl_is_the_reference_to_policy_kl_outside_the_scored_positions():
         assert (expected > 0).all()
 
 
+@pytest.mark.slow
 def test_the_anchor_term_adds_to_the_training_loss():
     data = load_pairs(SHARED_DATA / "multichain.jsonl")
     batch = collate([PreferenceDataset(data)[i] for i in (0, 1)])
     reference, policy = load_model("vanilla/v_48_020"), load_model("vanilla/v_48_020")
     with torch.no_grad():
         policy.W_out.bias += torch.linspace(-0.5, 0.5, policy.W_out.bias.numel())
-        plain, _ = step_metrics(DPOConfig(), policy, reference, batch, 0)
-        anchored, _ = step_metrics(DPOConfig(anchor_weight=2.0), policy, reference, batch, 0)
+        plain, rows = step_metrics(DPOConfig(), policy, reference, batch, 0)
+        anchored, anchored_rows = step_metrics(DPOConfig(anchor_weight=2.0), policy, reference, batch, 0)
         ranks = batch_ranks(batch, 42, 1, "random")
         kl = anchor_kl(pair_logps(policy, batch, ranks), pair_logps(reference, batch, ranks),
                        batch["mask"] - batch["loss_mask"])  # fmt: skip
     torch.testing.assert_close(anchored, plain + 2.0 * kl.mean(), atol=1e-5, rtol=1e-5)
+    # the metrics come by name, TRL's: the logged loss is the loss trained on
+    assert list(rows) == list(METRICS) and list(anchored_rows) == list(METRICS)
+    torch.testing.assert_close(anchored_rows["loss"].mean(), anchored)
+    assert torch.equal(rows["logps/chosen"], anchored_rows["logps/chosen"])
     with pytest.raises(ValueError, match="anchor_weight needs pairs and the reference model"):
         DPOConfig(anchor_weight=1.0, precompute_ref_log_probs=True)

@@ -254,6 +254,7 @@ def test_decoder_layer_updates_chosen_positions_as_the_full_layer(models, featur
     torch.testing.assert_close(scattered, full, atol=TOL, rtol=0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("weights", "structures"), [("vanilla/v_48_020", (ETE, MR1)), ("ca/v_48_020", (MR1, HVR))]
 )
@@ -343,6 +344,7 @@ def test_official_checkpoint_loads_strictly(models, name: str):
     assert not model.training
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("name", "structure"), [("vanilla/v_48_020", HVR), ("ca/v_48_020", MR1)])
 def test_save_pretrained_round_trip(models, featurize, tmp_path: Path, name: str, structure: Chains):
     model, ref = models(name)

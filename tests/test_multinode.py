@@ -173,6 +173,7 @@ def assert_one_writer_and_one_run(shared: Path, single: Path, events: list[dict]
     assert sorted(saved) == sorted(("0", p.name) for p in cache.iterdir())
 
 
+@pytest.mark.slow
 def test_torchrun_on_two_nodes_matches_one_process(tmp_path, single_process, shared, start):
     """`torchrun --nnodes 2 --nproc_per_node 1 --node_rank R` started twice, each "node" in its own working
     folder, with the static rendezvous of docs/launching.md: both processes have LOCAL_RANK 0."""
@@ -200,6 +201,7 @@ def test_torchrun_on_two_nodes_matches_one_process(tmp_path, single_process, sha
     assert_one_writer_and_one_run(shared, single, events, world_size=2)
 
 
+@pytest.mark.slow
 def test_mpiexec_on_two_pbs_nodes_with_pals_variables(tmp_path, single_process, shared, start):
     """scripts/run_dpo_aurora.sh with RANKS_PER_NODE=2 in a "PBS job" of two nodes (localhost and 127.0.0.1
     in $PBS_NODEFILE, which hydra reads): `mpiexec -n 4 -ppn 2 PYTHON -m dpo_inv.run ...`, PYTHON a wrapper

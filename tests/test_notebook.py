@@ -3,6 +3,7 @@
 import json
 
 import nbformat
+import pytest
 from conftest import ROOT
 from nbclient import NotebookClient
 
@@ -15,6 +16,7 @@ def test_the_notebook_is_committed_without_outputs():
     assert code and all(not cell["outputs"] and cell["execution_count"] is None for cell in code)
 
 
+@pytest.mark.slow
 def test_the_quickstart_notebook_runs(tmp_path):
     (tmp_path / "examples").mkdir()
     (tmp_path / "data").symlink_to(ROOT / "data")  # the notebook reads ../data, writes under examples/

@@ -281,6 +281,7 @@ def command(*args: str) -> subprocess.CompletedProcess:
                           text=True)  # fmt: skip
 
 
+@pytest.mark.slow
 def test_command_line_errors_exit_2_without_traceback(tmp_path, cache):
     rows = group("2xcjA", [1.0, 2.0])
     data = write(tmp_path / "scored.jsonl", [rows[0], {**rows[1], "score": "n/a"}])
@@ -299,6 +300,7 @@ def test_command_line_errors_exit_2_without_traceback(tmp_path, cache):
     assert not (tmp_path / "pairs.jsonl").exists()
 
 
+@pytest.mark.slow
 def test_dpo_inv_pairs_command(tmp_path, cache):
     data = write(tmp_path / "scored.jsonl", group("2xcjA", [1.0, 2.0, 3.0]))
     output = tmp_path / "out" / "pairs.jsonl"

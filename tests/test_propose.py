@@ -33,6 +33,7 @@ def labelled() -> list[dict]:
     return [{**row, "pdb_file": str(STRUCTURE)} for row in rows]
 
 
+@pytest.mark.slow
 def test_joint_equals_conditional_on_singles_and_the_decoder_on_combinations(model):
     """Singles: the conditional estimator. Multi-mutants: log p of the variant minus the wild type's under
     the full decoder, its mutated positions decoded last in each rotation of their order, averaged; and
@@ -74,6 +75,7 @@ def test_joint_equals_conditional_on_singles_and_the_decoder_on_combinations(mod
     assert max(abs(joint[i] - additive[i]) for i in range(len(singles), len(V))) > 0.05
 
 
+@pytest.mark.slow
 def test_adapt_trains_combinations_on_the_joint_score(model):
     """adapt's set of double mutants holds the joint estimator's slots: its scores equal `joint_deltas`,
     and training on labels (the sum of the measured singles' stabilities) moves them toward the labels."""
@@ -94,6 +96,7 @@ def test_adapt_trains_combinations_on_the_joint_score(model):
     assert spearman(deltas[30][0], np.array(labels)) > spearman(joint.numpy(), np.array(labels)) + 0.1
 
 
+@pytest.mark.slow
 def test_score_joint_and_the_ridge_adapt_ships_on_combinations(tmp_path, model):
     """`score --variant_scoring joint` gives singles their conditional score and combinations the joint
     one; adapt on double mutants ships a ridge fitted on joint scores, which `score --ridge` then uses by
@@ -144,6 +147,7 @@ def propose(*args: str) -> subprocess.CompletedProcess:
                           cwd=ROOT)  # fmt: skip
 
 
+@pytest.mark.slow
 def test_a_campaign_round_after_round_on_measured_stability(tmp_path):
     """96 measured single mutants (ProteinGym's mutant,DMS_score) start the campaign; round 1 proposes 8
     unmeasured singles at three positions; their measurements (and a control never proposed) bring round
@@ -242,6 +246,7 @@ def test_a_list_of_candidates_is_the_space(tmp_path, model):
                         candidates=str(tmp_path / "bad.csv"), batch_size=1)  # fmt: skip
 
 
+@pytest.mark.slow
 def test_a_space_too_large_to_list_is_sampled_from_the_model(tmp_path, model):
     """Any 3 of 40 positions, 8 amino acids each: 3.5 million variants, more than are listed; the round's
     candidates are drawn from the model, each within the space (at most 3 mutations, at those positions,
@@ -261,6 +266,7 @@ def test_a_space_too_large_to_list_is_sampled_from_the_model(tmp_path, model):
         assert all(8 <= int(m[1:-1]) <= 47 and m[-1] in "AVILMFWY" for m in variant)
 
 
+@pytest.mark.slow
 def test_rounds_measured_by_a_function_from_python_and_the_shell(tmp_path, model):
     """Labels from a function: measured stability as the oracle over the labelled singles (the
     candidates). From Python, three rounds of 8 from 24 measured before; from the shell, `--reward

@@ -99,6 +99,7 @@ def assert_same_weights(expected: Path, actual: Path) -> None:
         torch.testing.assert_close(b[key], a[key], atol=1e-6, rtol=0)
 
 
+@pytest.mark.slow
 def test_sigterm_stops_at_a_step_with_a_checkpoint_and_resume_ends_as_an_uninterrupted_run(tmp_path, start):
     args = ("--train_file", str(small_pairs(tmp_path)), "--max_steps", "8", *ARGS)
     interrupted = tmp_path / "interrupted"
@@ -128,6 +129,7 @@ def test_sigterm_stops_at_a_step_with_a_checkpoint_and_resume_ends_as_an_uninter
     assert_same_weights(straight / "final", interrupted / "final")
 
 
+@pytest.mark.slow
 def test_a_second_signal_ends_the_process_at_once(tmp_path, start):
     output = tmp_path / "out"
     # large batches: a step takes long enough for the second signal to come before the first one's stop
@@ -143,6 +145,7 @@ def test_a_second_signal_ends_the_process_at_once(tmp_path, start):
     assert "Stopped at step" not in output_of(output) and sorted_checkpoints(output) == []
 
 
+@pytest.mark.slow
 def test_sigusr1_to_one_rank_stops_every_rank_with_one_checkpoint(tmp_path, start):
     output = tmp_path / "out"
     process = start(output, "--train_file", str(small_pairs(tmp_path)), "--max_steps", "8", *ARGS,
@@ -167,6 +170,7 @@ def test_sigusr1_to_one_rank_stops_every_rank_with_one_checkpoint(tmp_path, star
     }
 
 
+@pytest.mark.slow
 def test_partial_and_damaged_checkpoints_are_never_resumed_from_or_kept(tmp_path):
     data, evaluation = small_pairs(tmp_path), small_pairs(tmp_path, "eval.jsonl", limit=2)
     args = ("--train_file", str(data), "--eval_file", str(evaluation), "--eval_steps", "3",
@@ -207,6 +211,7 @@ def test_partial_and_damaged_checkpoints_are_never_resumed_from_or_kept(tmp_path
     assert checkpoints(output) == ["step-4"] and (output / "best" / "model.safetensors").is_file()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("num_processes", [1, 2])
 def test_nonfinite_steps_are_skipped_counted_and_stop_the_run(tmp_path, start, num_processes):
     output = tmp_path / "out"
@@ -229,6 +234,7 @@ def test_nonfinite_steps_are_skipped_counted_and_stop_the_run(tmp_path, start, n
     assert max((checkpoint[k] - base[k]).abs().max().item() for k in checkpoint) > 1  # step 1 moved them
 
 
+@pytest.mark.slow
 def test_a_rank_that_fails_ends_the_job_with_its_message(tmp_path, start):
     """Rank 1 runs where the model file is not (as on a node without it): the job ends at once."""
     nodes = tmp_path / "nodes"
@@ -248,6 +254,7 @@ def test_a_rank_that_fails_ends_the_job_with_its_message(tmp_path, start):
     assert said in output_of(output)
 
 
+@pytest.mark.slow
 def test_a_rank_that_stops_responding_ends_the_job_within_ddp_timeout(tmp_path, start):
     """Without a launcher to end the others: rank 1 is stopped (SIGSTOP), rank 0 fails after ddp_timeout."""
     output = tmp_path / "out"
@@ -262,6 +269,7 @@ def test_a_rank_that_stops_responding_ends_the_job_within_ddp_timeout(tmp_path, 
     assert "rank 0: RuntimeError: " in rank0 and "Timed out waiting 10000ms" in rank0
 
 
+@pytest.mark.slow
 def test_resume_latest_starts_a_new_run_then_resumes_it(tmp_path):
     """A job script may pass --resume_from_checkpoint latest on every submission, the first one included."""
     output = tmp_path / "out"
@@ -278,6 +286,7 @@ def test_resume_latest_starts_a_new_run_then_resumes_it(tmp_path):
         find_checkpoint(output, "latest")
 
 
+@pytest.mark.slow
 def test_a_second_job_on_the_same_output_dir_refuses_naming_the_first(tmp_path, start):
     """Two jobs on one output_dir would interleave their checkpoints: the second stops at once (exit 2),
     naming the first; the lock goes with the first job however it ends."""
@@ -320,6 +329,7 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
     subprocess.run(["umount", "-l", str(disk)], check=True)
 
 
+@pytest.mark.slow
 def test_a_full_disk_while_saving_ends_the_run_in_one_line_with_the_previous_checkpoint_resumable(
     tmp_path, small_disk
 ):
@@ -346,6 +356,7 @@ def test_a_full_disk_while_saving_ends_the_run_in_one_line_with_the_previous_che
     assert [m["step"] for m in metrics(moved)] == [1, 2, 3] and checkpoints(moved) == ["step-3"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("launcher", ["torchrun", "accelerate", "mpiexec"])
 def test_a_killed_rank_ends_the_whole_job_within_ddp_timeout(tmp_path, start, launcher):
     """SIGKILL (what the OOM killer sends) to rank 1 mid-run: its launcher ends the job, and says which."""

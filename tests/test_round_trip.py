@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from conftest import ROOT, STRUCTURES
 
 
@@ -17,6 +18,7 @@ def command(cwd: Path, module: str, *args: str) -> subprocess.CompletedProcess:
     return result
 
 
+@pytest.mark.slow
 def test_sample_score_pairs_train_sample_from_another_folder(tmp_path):
     work = tmp_path / "project"
     (work / "structures").mkdir(parents=True)

@@ -76,6 +76,7 @@ def rounds(tmp_path: Path, *args: str, launcher: tuple[str, ...] = (), check: bo
     return result
 
 
+@pytest.mark.slow
 def test_two_processes_shard_the_targets_and_write_one_record(tmp_path):
     output = tmp_path / "out"
     launcher = torchrun()
@@ -119,6 +120,7 @@ def test_two_processes_shard_the_targets_and_write_one_record(tmp_path):
     )
 
 
+@pytest.mark.slow
 def test_a_failing_reward_keeps_the_samples_and_resume_finishes(tmp_path):
     failing = (
         REWARD
@@ -177,6 +179,7 @@ def flaky(records):  # fails in round 1, the second call of the process
     assert again.returncode == 2 and "holds the rounds of another run" in again.stderr
 
 
+@pytest.mark.slow
 def test_reward_command_and_its_errors(tmp_path):
     script = tmp_path / "score.py"
     script.write_text(
@@ -213,6 +216,7 @@ def test_reward_command_and_its_errors(tmp_path):
         compute_rewards(records, "dpo_inv.tools.rewards", None)
 
 
+@pytest.mark.slow
 def test_bad_targets_and_options_exit_2_with_one_line_each(tmp_path):
     bad = tmp_path / "targets.jsonl"
     bad.write_text(
@@ -254,6 +258,7 @@ def test_diversity_is_the_mean_identity_within_targets():
     assert diversity(samples) == pytest.approx(((0.75 + 0 + 0.25) / 3 + 1) / 2)
 
 
+@pytest.mark.slow
 def test_the_example_reward_rises_over_rounds(tmp_path):
     """The bundled example, shortened: the mean reward of the samples rises, recovery stays."""
     output = tmp_path / "out"

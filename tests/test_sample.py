@@ -217,6 +217,7 @@ def run(capsys: pytest.CaptureFixture, *args: str) -> str:
     return capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_command_writes_fasta_and_jsonl_reproducibly(tmp_path, capsys):
     args = ["--structure", str(STRUCTURES / "2xcjA.pdb.gz"), "--num_samples", "3", "--batch_size", "2"]
     out = run(capsys, *args, "--seed", "7", "--temperature", "0.2", "--output_dir", str(tmp_path / "a"))
@@ -267,6 +268,7 @@ def test_command_honours_chains_fixed_positions_omitted_and_biased_amino_acids(t
         assert designed_letters.count("W") > 0.5 * len(designed_letters)
 
 
+@pytest.mark.slow
 def test_few_mutations_at_redesigned_residues_keep_every_other_residue(tmp_path, capsys):
     """LigandMPNN's --redesigned_residues with --max_mutations 2: each sample differs from the native
     sequence at most twice, only at the residues named; at temperature 1 many samples differ."""
@@ -288,6 +290,7 @@ def test_few_mutations_at_redesigned_residues_keep_every_other_residue(tmp_path,
     assert "redesigned_residues=A10 A20" in (tmp_path / "1hvr.fa").read_text().splitlines()[0]
 
 
+@pytest.mark.slow
 def test_max_mutations_counts_tied_residues_and_needs_no_structure_order(model):
     """Tied residues count one mutation each: with at most 3, a homodimer's sample changes one tied pair;
     two structures decoded together each keep their own limit."""
@@ -306,6 +309,7 @@ def test_max_mutations_counts_tied_residues_and_needs_no_structure_order(model):
     assert torch.equal(samples.tokens[1, :, :n], samples.tokens[1, :, n : 2 * n])
 
 
+@pytest.mark.slow
 def test_command_designs_every_structure_of_a_list(tmp_path, capsys):
     (tmp_path / "structures").mkdir()
     local = tmp_path / "structures" / "2xcjA.pdb"
@@ -357,6 +361,7 @@ def test_command_reports_bad_input_in_one_line(tmp_path, capsys, args, message):
     assert not (tmp_path / "samples.jsonl").exists()
 
 
+@pytest.mark.slow
 def test_help_lists_every_option_with_its_default():
     dpo_inv = str(Path(sys.executable).with_name("dpo-inv"))
     result = subprocess.run([dpo_inv, "sample", "--help"], capture_output=True, text=True)
@@ -367,6 +372,7 @@ def test_help_lists_every_option_with_its_default():
     assert "(default: vanilla/v_48_020)" in text and "(default: 0.1)" in text
 
 
+@pytest.mark.slow
 def test_homo_oligomer_and_tied_positions_give_tied_residues_one_amino_acid(tmp_path, capsys):
     chains = parse_structure(STRUCTURES / "1hvr.pdb.gz")
     n = len(chains["A"].sequence)
@@ -390,6 +396,7 @@ def test_temperature_0_left_to_right_is_one_deterministic_design(tmp_path, capsy
     assert "|decoding_order=left_to_right" in (tmp_path / "greedy" / "2xcjA.fa").read_text().splitlines()[0]
 
 
+@pytest.mark.slow
 def test_one_folder_holds_several_structures_and_refuses_one_again_unless_overwrite(tmp_path, capsys):
     """As ProteinMPNN's seqs/ folder: a second structure sampled into the folder keeps the first one's
     samples; the same structure again is refused (nothing changed) unless --overwrite, which replaces its
@@ -458,6 +465,7 @@ def check_log_probs(model: ProteinMPNN, batch: dict[str, torch.Tensor], samples:
     assert (teacher_forced(model, batch, samples) - samples.log_probs).abs().max() <= 1e-4
 
 
+@pytest.mark.slow
 def test_homo_dimer_chains_get_one_design(model, dimer):
     batch, tied = dimer
     samples = sample_sequences(model, batch, num_samples=3, temperature=1.0, seeds=[5], tied=tied)
@@ -488,6 +496,7 @@ def test_greedy_token_takes_the_mean_of_the_tied_logits(model, dimer):
     assert not torch.equal(greedy(members[0]), samples.tokens[..., :CHAIN])  # the head alone
 
 
+@pytest.mark.slow
 def test_groups_of_different_sizes_in_a_batch(model):
     """1hvr, ties of 2 and 3 positions and no context, has fewer steps than 3gfsA beside it."""
     batch = make_batch(("1hvr.pdb.gz", [], [], []), ("3gfsA.pdb.gz", [], [], []))

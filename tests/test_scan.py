@@ -46,6 +46,7 @@ def test_the_scan_is_what_score_gives_its_rows(model):
         assert np.abs(ours - np.array([row["delta_logp"] for row in scored])).max() < 1e-4
 
 
+@pytest.mark.slow
 def test_conditional_probs_equal_official_proteinmpnn(tmp_path, model):
     """`conditional_probs.npz` as ProteinMPNN's `--conditional_probs_only` writes it, its log_p equal to
     the official `conditional_probs` with the other residues decoded left to right."""
@@ -73,6 +74,7 @@ def test_conditional_probs_equal_official_proteinmpnn(tmp_path, model):
     assert summary["positions"] == int(mask.sum()) and summary["substitutions"] == 19 * int(mask.sum())
 
 
+@pytest.mark.slow
 def test_the_command_writes_the_map_and_refuses_to_overwrite_it(tmp_path):
     output = tmp_path / "scan"
     command = [sys.executable, "-m", "dpo_inv", "scan", "--structure", str(STRUCTURE), "--output_dir",

@@ -36,6 +36,7 @@ def read(path) -> list[dict]:
     return [json.loads(line) for line in open(path)]
 
 
+@pytest.mark.slow
 def test_pairs_keep_fields_and_left_to_right_equals_official_identity_order(tmp_path):
     rows = rows_of("1eteA")[:3]  # 134 residues, no numbering gaps
     out = tmp_path / "scores.jsonl"
@@ -69,6 +70,7 @@ def test_pairs_keep_fields_and_left_to_right_equals_official_identity_order(tmp_
             assert result[name] == pytest.approx(expected, abs=L * 1e-4)
 
 
+@pytest.mark.slow
 def test_reference_gives_rewards(tmp_path):
     rows = rows_of("2xcjA")[:4]
     out = tmp_path / "scores.jsonl"
@@ -104,6 +106,7 @@ def test_sequences_with_labels_and_wild_type_full_sequence_scoring(tmp_path):
         assert r["logp_per_residue"] == pytest.approx(r["logp"] / len(native), rel=1e-5)
 
 
+@pytest.mark.slow
 def test_the_label_by_its_own_name_and_direction(tmp_path):
     """ProteinGym's DMS_score named by --score_field gives the Spearman the same labels give as `label`;
     --lower_is_better flips its sign; a named field no record has is one error naming it."""
@@ -136,6 +139,7 @@ def test_spearman_handles_ties():
     assert spearman(np.array([1.0, 2, 3]), np.array([3.0, 2, 1])) == pytest.approx(-1.0)
 
 
+@pytest.mark.slow
 def test_command_line_summary_and_errors(tmp_path):
     rows = rows_of("2xcjA")[:2]
     data = write(tmp_path / "p.jsonl", rows)

@@ -35,7 +35,6 @@ from dpo_inv.training.trainer import build_accelerator
 
 POLICY, REFERENCE = "vanilla/v_48_020", "vanilla/v_48_010"  # different weights: a loss that is not log 2
 CONFIG = DPOConfig(model_name_or_path=POLICY, ref_model_name_or_path=REFERENCE)
-LOGPS = slice(5, 7)  # logps/chosen, logps/rejected in step_metrics' per-pair metrics
 
 
 @pytest.fixture(scope="module")
@@ -98,7 +97,9 @@ def test_bf16_autocast_matches_fp32(data, policy, reference, accelerator_for):
 
     # bf16 keeps 8 significant bits (relative rounding error up to 2^-8); a sum of per-residue log-probs,
     # all of one sign, keeps a relative error of that order: allow 2^-7, twice the rounding of one operation
-    logps, logps16 = per_pair[:, LOGPS], per_pair16[:, LOGPS]
+    logps, logps16 = (
+        torch.stack([pairs["logps/chosen"], pairs["logps/rejected"]], -1) for pairs in (per_pair, per_pair16)
+    )
     assert not torch.equal(logps, logps16)
     assert ((logps16 - logps).abs() <= 2**-7 * logps.abs()).all(), (logps, logps16)
     # -logsigmoid is 1-Lipschitz, so the loss moves at most beta x the change of the DPO logits
@@ -144,6 +145,7 @@ def test_dataloader_workers_give_the_same_batches_and_loss(data, policy, referen
     assert losses[0] == losses[1]
 
 
+@pytest.mark.slow
 def test_torch_compile_matches_eager_when_the_batch_shape_changes(data, policy, reference, accelerator_for):
     """The trainer's regional compilation with dynamic shapes: loss and every gradient as eager, for batches
     whose size and length change as length-grouped batches do (a whole training run: test_train)."""

@@ -30,6 +30,7 @@ def mean_spearman(tmp_path, model: str, data: str) -> float:
     return summary["spearman_per_structure_mean"]
 
 
+@pytest.mark.slow
 def test_eval_spearman_picks_best_and_agrees_with_the_score_command(tmp_path):
     scored = write(tmp_path / "scored.jsonl", stability_rows(("2ysf_A_7-40",), 400, stride=1))
     pairs = tmp_path / "pairs.jsonl"
@@ -106,6 +107,7 @@ def test_recovery_tolerance_keeps_the_best_ranking_that_keeps_design_ability():
         DPOConfig(eval_split=0, eval_variants_file="v.jsonl", recovery_tolerance=0.02)
 
 
+@pytest.mark.slow
 def test_bad_variants_and_metric_options_stop_with_one_line(tmp_path):
     variants = stability_rows(EVAL_DOMAINS[:1], 3)
     variants[1] = {**variants[1], "label": "high"}

@@ -72,6 +72,7 @@ def design(program: str, model_dir: Path, pdb: Path, cwd: Path) -> list[tuple[st
     return list(zip(lines[::2], lines[1::2], strict=True))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("tool", CASES)
 def test_the_stock_script_designs_with_an_export_as_with_the_official_checkpoint(tmp_path, tool):
     program, name, package, folder, official, structure, length, (field, suffix) = CASES[tool]

@@ -73,6 +73,7 @@ COMMON = (
 )  # fmt: skip
 
 
+@pytest.mark.slow
 def test_resume_continues_exactly_and_old_checkpoints_are_pruned(tmp_path):
     data = small_pairs(tmp_path)  # 16 pairs: 4 optimizer steps per epoch, so step 6 is in epoch 2
     straight = tmp_path / "straight"
@@ -129,6 +130,7 @@ def assert_reads_well_in_a_log(log: str) -> None:
         assert noise not in log
 
 
+@pytest.mark.slow
 def test_training_learns_the_preference(tmp_path):
     """On held-out structures, reward accuracy rises well above the base model's and eval loss < log 2."""
     train_file, eval_file = EXAMPLE / "pairs" / "train.jsonl", EXAMPLE / "pairs" / "val.jsonl"
@@ -162,6 +164,7 @@ def test_training_learns_the_preference(tmp_path):
     assert summary["accuracy"] == pytest.approx(final["eval_rewards/accuracies"], abs=1e-4)
 
 
+@pytest.mark.slow
 def test_precomputed_reference_log_probs_give_the_same_training(tmp_path):
     data = small_pairs(tmp_path)
     args = ("--train_file", str(data), "--eval_file", str(data), "--per_device_train_batch_size", "4",
@@ -177,6 +180,7 @@ def test_precomputed_reference_log_probs_give_the_same_training(tmp_path):
                 assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-6), key
 
 
+@pytest.mark.slow
 def test_torch_compile_trains_as_eager_and_saves_plain_models(tmp_path):
     """The trainer's regional torch.compile: the same losses and weights, and saved models without the
     compiler's wrappers in their parameter names."""
@@ -195,6 +199,7 @@ def test_torch_compile_trains_as_eager_and_saves_plain_models(tmp_path):
         torch.testing.assert_close(compiled[key], eager[key], atol=1e-5, rtol=1e-4)
 
 
+@pytest.mark.slow
 def test_trackers_write_their_logs(tmp_path):
     """tensorboard and wandb (offline) as a user asks for them: each writes its run."""
     output = tmp_path / "run"

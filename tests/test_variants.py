@@ -106,6 +106,7 @@ def test_spearman_by_structure_leaves_out_what_is_undefined():
     assert np.isnan(spearman(np.array([5.0, 5, 5]), np.array([1.0, 2, 3])))
 
 
+@pytest.mark.slow
 def test_a_substitution_at_a_residue_without_backbone_is_refused(tmp_path):
     native = parse_structure(STRUCTURES / "1mr1D_failing.pdb.gz")["D"].sequence  # residue 2 lacks C and O
     variant = native[:2] + ("A" if native[2] != "A" else "G") + native[3:]

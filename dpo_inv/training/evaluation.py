@@ -18,7 +18,7 @@ from dpo_inv.models.variants import LabelledVariants, evaluate_variants
 from dpo_inv.training.checkpoints import TrainerState
 from dpo_inv.training.config import DPOConfig
 from dpo_inv.training.loss import batch_ranks, example_seeds, pair_logps
-from dpo_inv.training.objective import metric_columns, step_metrics, summarize
+from dpo_inv.training.objective import add_rows, step_metrics, summarize
 
 
 @torch.no_grad()
@@ -53,12 +53,13 @@ def evaluate(accelerator, config, model, reference, loader, structures) -> dict[
     """Metrics over the whole eval set, every pair counted once across ranks, and the native sequence
     recovery of greedy decoding on the eval structures (`structures`: this rank's share)."""
     model.eval()
-    totals, count = torch.zeros(len(metric_columns(config)), dtype=torch.float64), 0
+    totals: dict[str, float] = {}
+    count = 0
     for batch in loader:
         _, per_pair = step_metrics(config, model, reference, batch, 0, accelerator)
-        gathered = accelerator.gather_for_metrics(per_pair).double().cpu()
-        totals += gathered.sum(0)
-        count += len(gathered)
+        gathered = accelerator.gather_for_metrics(per_pair)
+        add_rows(totals, gathered)
+        count += len(gathered["loss"])
     recovery, _ = design_metrics(accelerator, config, model, structures, native_logp=False)
     model.train()
     metrics = {f"eval_{name}": value for name, value in summarize(config, totals, count).items()}

@@ -18,8 +18,6 @@ from dpo_inv.data.batches import structure_inputs
 from dpo_inv.models.mpnn import sequence_log_probs
 
 UNPAIRED_LOSS_TYPES = ("kto", "apo_zero_unpaired")
-# per-sequence metric columns; `summarize` turns their sums into TRL's KTO metrics
-COLUMNS = ("loss", "desirable", "rewards/chosen", "rewards/rejected", "logps/chosen", "logps/rejected", "kl")
 METRICS = ("loss", "rewards/chosen", "rewards/rejected", "rewards/margins", "logps/chosen", "logps/rejected",
            "kl")  # fmt: skip
 
@@ -92,17 +90,25 @@ def columns(
     desirable: torch.Tensor,
     z0: torch.Tensor,
 ) -> torch.Tensor:
-    """Per-sequence metric rows [B, len(COLUMNS)]: the desirable ones fill the chosen columns."""
+    """Per-sequence metrics by name, whose sums `summarize` turns into TRL's KTO metrics: the desirable
+    sequences fill the chosen ones, the others the rejected ones."""
     chosen, logps = desirable.float(), policy.logps.detach()
     rejected = 1 - chosen
-    values = [losses.detach(), chosen, rewards * chosen, rewards * rejected, logps * chosen, logps * rejected]
-    return torch.stack([*values, z0.expand_as(chosen)], dim=-1)
+    return {
+        "loss": losses.detach(),
+        "desirable": chosen,
+        "rewards/chosen": rewards * chosen,
+        "rewards/rejected": rewards * rejected,
+        "logps/chosen": logps * chosen,
+        "logps/rejected": logps * rejected,
+        "kl": z0.expand_as(chosen),
+    }
 
 
-def summarize(totals: torch.Tensor, count: int) -> dict[str, float]:
-    """TRL's KTO metrics from summed rows: means over the desirable (chosen) and undesirable (rejected)
-    sequences; the chosen or rejected ones are left out when no sequence had that label."""
-    sums = dict(zip(COLUMNS, totals.tolist(), strict=True))
+def summarize(sums: dict[str, float], count: int) -> dict[str, float]:
+    """TRL's KTO metrics from the sums of `columns` over `count` sequences: means over the desirable
+    (chosen) and undesirable (rejected) sequences; the chosen or rejected ones are left out when no
+    sequence had that label."""
     num_chosen, num_rejected = sums["desirable"], count - sums["desirable"]
     metrics = {"loss": sums["loss"] / count}
     if num_chosen:

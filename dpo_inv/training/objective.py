@@ -19,17 +19,20 @@ from dpo_inv.training.loss import (
     preference_loss,
 )
 
-
-def metric_columns(config: DPOConfig) -> tuple[str, ...]:
-    """The columns of the per-example rows `step_metrics` returns."""
-    return kto.COLUMNS if config.unpaired else METRICS
+Rows = dict[str, torch.Tensor]  # per-example metric values by name, each [B]
 
 
-def summarize(config: DPOConfig, totals: torch.Tensor, count: int) -> dict[str, float]:
-    """The metrics of `count` examples whose rows sum to `totals`."""
+def add_rows(totals: dict[str, float], rows: Rows) -> None:
+    """Add each metric's sum over the examples of ``rows`` to ``totals``, by name."""
+    for name, values in rows.items():
+        totals[name] = totals.get(name, 0.0) + float(values.double().sum())
+
+
+def summarize(config: DPOConfig, totals: dict[str, float], count: int) -> dict[str, float]:
+    """The metrics of `count` examples whose rows sum to `totals`: TRL's names (`METRICS`, or KTO's)."""
     if config.unpaired:
         return kto.summarize(totals, count)
-    return dict(zip(METRICS, (totals / count).tolist(), strict=True))
+    return {name: totals[name] / count for name in METRICS}
 
 
 def reference_logps(
@@ -50,8 +53,8 @@ def step_metrics(
     batch: dict[str, torch.Tensor],
     epoch: int,
     accelerator: Accelerator | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Mean loss of a batch (what is back-propagated) and per-example metric rows [B, columns].
+) -> tuple[torch.Tensor, Rows]:
+    """Mean loss of a batch (what is back-propagated) and its per-example metrics by name.
 
     With `accelerator`, a collective for KTO (z0 is averaged over all processes): every rank calls it
     once per batch; without, z0 is this batch's."""
@@ -82,18 +85,15 @@ def step_metrics(
     )
     if config.anchor_weight:  # the residues the pair does not score stay where the reference has them
         losses = losses + config.anchor_weight * anchor_kl(policy, ref, batch["mask"] - batch["loss_mask"])
-    per_pair = torch.stack(
-        [
-            losses.detach(),
-            out.chosen_rewards,
-            out.rejected_rewards,
-            (out.chosen_rewards > out.rejected_rewards).float(),
-            out.chosen_rewards - out.rejected_rewards,
-            policy.chosen.detach(),
-            policy.rejected.detach(),
-        ],
-        dim=-1,
-    )
+    per_pair = {
+        "loss": losses.detach(),
+        "rewards/chosen": out.chosen_rewards,
+        "rewards/rejected": out.rejected_rewards,
+        "rewards/accuracies": (out.chosen_rewards > out.rejected_rewards).float(),
+        "rewards/margins": out.chosen_rewards - out.rejected_rewards,
+        "logps/chosen": policy.chosen.detach(),
+        "logps/rejected": policy.rejected.detach(),
+    }
     return losses.mean(), per_pair
 
 
@@ -104,7 +104,7 @@ def unpaired_step(
     batch: dict[str, torch.Tensor],
     ranks: torch.Tensor,
     accelerator: Accelerator | None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, Rows]:
     """KTO or APO-zero on labelled sequences, z0 the batch's KL term averaged over all processes."""
     policy, ref_logps = kto.sequence_logps(model, reference, batch, ranks)
     kl = accelerator.gather(policy.kl) if accelerator is not None else policy.kl

@@ -43,7 +43,7 @@ from dpo_inv.training.config import DPOConfig
 from dpo_inv.training.evaluation import describe, eval_structures, improved, run_evaluation
 from dpo_inv.training.launch import device_backend, say, setup_environment, threads_per_process
 from dpo_inv.training.loading import RunData, load_data, precompute_reference, save_in_memory
-from dpo_inv.training.objective import metric_columns, step_metrics, summarize
+from dpo_inv.training.objective import Rows, add_rows, step_metrics, summarize
 from dpo_inv.training.output_lock import output_lock
 from dpo_inv.training.plot import plot
 from dpo_inv.training.stopping import StopSignals, diverged, ending, interrupted
@@ -147,7 +147,7 @@ class Steps:
 class Window:
     """Training metrics summed since the last log line."""
 
-    totals: torch.Tensor
+    totals: dict[str, float] = field(default_factory=dict)  # each metric's sum over the examples, by name
     count: int = 0
     skipped: int = 0
     started: float = field(default_factory=time.perf_counter)
@@ -310,17 +310,17 @@ def evaluate_and_keep_best(run: Run) -> dict[str, float]:
     return metrics
 
 
-def micro_step(run: Run, batch: dict[str, torch.Tensor], epoch: int) -> tuple[torch.Tensor, bool]:
+def micro_step(run: Run, batch: dict[str, torch.Tensor], epoch: int) -> tuple[Rows, bool]:
     """Forward and backward of one micro-batch; at the end of an accumulation, the optimizer step unless
-    the loss (on any rank) or the gradient norm is not finite. Returns the gathered per-example metric
-    rows and whether the step was finite (every rank decides the same: losses are gathered, gradients
+    the loss (on any rank) or the gradient norm is not finite. Returns every rank's per-example metrics,
+    by name, and whether the step was finite (every rank decides the same: losses are gathered, gradients
     all-reduced)."""
     accelerator, model = run.accelerator, run.model
     with accelerator.accumulate(model):
         loss, rows = step_metrics(run.config, model, run.reference, batch, epoch, accelerator)
         accelerator.backward(loss)
-        gathered = accelerator.gather_for_metrics(rows).double().cpu()
-        finite = bool(gathered[:, 0].isfinite().all())
+        gathered = {name: values.cpu() for name, values in accelerator.gather_for_metrics(rows).items()}
+        finite = bool(gathered["loss"].isfinite().all())
         if accelerator.sync_gradients:
             run.grad_norm = float(
                 accelerator.clip_grad_norm_(model.parameters(), run.config.max_grad_norm or math.inf)
@@ -357,7 +357,7 @@ def log_window(run: Run, window: Window, epoch: int) -> Window:
     )
     run.log(metrics)
     run.train_metrics = metrics
-    return Window(torch.zeros_like(window.totals), started=now)
+    return Window(started=now)
 
 
 def epoch_batches(run: Run, epoch: int) -> DataLoader:
@@ -399,7 +399,7 @@ def train_loop(run: Run) -> None:
     if config.eval_on_start and state.global_step == 0 and run.has_eval:
         run.eval_metrics = evaluate_and_keep_best(run)
     run.model.train()
-    window = Window(torch.zeros(len(metric_columns(config)), dtype=torch.float64))
+    window = Window()
     finite = True
     bar = progress(total=run.steps.total, initial=state.global_step, desc="KTO" if config.unpaired else "DPO",
                    unit="step", disable=not run.accelerator.is_main_process)  # fmt: skip
@@ -408,15 +408,15 @@ def train_loop(run: Run) -> None:
             for batch in epoch_batches(run, epoch):
                 rows, batch_finite = micro_step(run, batch, epoch)
                 finite &= batch_finite
-                window.totals += rows.sum(0)
-                window.count += len(rows)
+                add_rows(window.totals, rows)
+                window.count += len(rows["loss"])
                 if config.log_data_order:
                     log_data_order(run, batch, epoch)
                 state.batches_in_epoch += 1
                 if not run.accelerator.sync_gradients:
                     continue
                 bar.update(1)
-                bar.set_postfix(loss=f"{window.totals[0] / window.count:.4f}", refresh=False)
+                bar.set_postfix(loss=f"{window.totals['loss'] / window.count:.4f}", refresh=False)
                 window = end_of_step(run, window, finite, signals, epoch)
                 finite = True
                 if state.global_step >= run.steps.total:
