@@ -355,5 +355,6 @@ def test_a_field_every_record_lacks_is_one_line(tmp_path, cache_dir):
         load_pairs(scan, cache_dir=cache_dir, fields=SEQUENCE_FIELDS)
     assert str(err.value) == (
         f"{scan}: every one of its 29 records: missing required field pdb_file (alias structure): the "
-        "structure file's path"
+        "structure file's path; for a file that names none (ProteinGym's layout), give it once: --structure "
+        "FILE [--chain_id A] or --proteingym_reference reference.csv"
     )

@@ -20,6 +20,7 @@ import pyarrow as pa
 from datasets.table import InMemoryTable
 
 from dpo_inv.data.featurized import FEATURES_VERSION, build_structures, cache_root, is_current
+from dpo_inv.data.proteingym import GivenStructure, complete_records
 from dpo_inv.data.records import (
     BadRecord,
     Data,
@@ -83,7 +84,11 @@ def structure_key(
     structure file."""
     pdb_file = record.get("pdb_file")
     if not isinstance(pdb_file, str) or not pdb_file:
-        raise ValueError("missing required field pdb_file (alias structure): the structure file's path")
+        raise ValueError(
+            "missing required field pdb_file (alias structure): the structure file's path; for a file that "
+            "names none (ProteinGym's layout), give it once: --structure FILE [--chain_id A] or "
+            "--proteingym_reference reference.csv"
+        )
     path = (Path(pdb_file) if Path(pdb_file).is_absolute() else root / pdb_file).resolve()
     if allowed and not any(path.is_relative_to(folder) for folder in allowed):
         raise ValueError(
@@ -284,6 +289,7 @@ def load_pairs(
     require_residue_scores: bool = False,
     options: ParseOptions = PROTEINMPNN_PARSE,
     name: str = "records",
+    given: GivenStructure | None = None,
 ) -> PairDataset:
     """Load and validate a preference file, or records in memory (`name` names them in errors; their
     relative structure paths are relative to the working directory). Every record is checked; with
@@ -296,6 +302,7 @@ def load_pairs(
     with `LABEL_FIELDS` a labelled sequences file, its `sequence` stored twice and its `label`. Pairs keep
     their per-residue scores where they have them (required with `require_residue_scores`), and their
     membrane labels. `options` say how structures are read (LigandMPNN's residues and ligand context).
+    Records that name no structure take ``given``'s, and a `mutant` its sequences (ProteinGym's layout).
     """
     if on_bad_record not in ON_BAD_RECORD:
         raise ValueError(f"on_bad_record must be one of {ON_BAD_RECORD}, got {on_bad_record!r}")
@@ -307,7 +314,8 @@ def load_pairs(
     digest = hashlib.sha256(
         json.dumps(
             [FEATURES_VERSION, dataclasses.astuple(options), *data_digest(data, records), str(root), fields,
-             [str(a) for a in allowed], on_bad_record, require_residue_scores]
+             [str(a) for a in allowed], on_bad_record, require_residue_scores,
+             given and dataclasses.astuple(given)]
         ).encode()
     ).hexdigest()[:20]  # fmt: skip
     pairs_dir = cache_root(cache_dir) / f"pairs-{digest}"
@@ -315,6 +323,8 @@ def load_pairs(
     if cached is not None:
         return cached
     records = records or load_records(data, name)
+    if given is not None:
+        records = complete_records(records, given)
     root_name = "the data file's folder" if is_file(data) else "the working directory"
     bad: dict[int, BadRecord] = {}
     keys: dict[tuple[str, tuple[str, ...], tuple[str, ...]], int] = {}

@@ -24,6 +24,7 @@ from accelerate.utils import gather_object
 
 from dpo_inv.data.batches import PreferenceDataset, collate, structure_inputs
 from dpo_inv.data.dataset import PairDataset, column
+from dpo_inv.data.proteingym import GivenStructure, complete_records
 from dpo_inv.data.records import Data, load_records, raise_bad_records
 from dpo_inv.models.combinations import base_order, joint_deltas, joint_plan
 from dpo_inv.models.layers import DecoderStates, Encoding
@@ -260,15 +261,23 @@ def mean_and_median(table: list[dict]) -> tuple[float, float]:
 
 
 def variant_labels(
-    data: Data, field: str = "label", lower_is_better: bool = False, name: str = "records"
+    data: Data,
+    field: str = "label",
+    lower_is_better: bool = False,
+    name: str = "records",
+    given: GivenStructure | None = None,
 ) -> list[float]:
     """The label (``field``) of every record of labelled variants (a file, or records in memory named
-    ``name``), which must also give a `wildtype_seq`, oriented so that higher is better; a `DataError`
-    names each record without them."""
+    ``name``; those that name no structure take ``given``'s), which must also give a `wildtype_seq`,
+    oriented so that higher is better; a `DataError` names each record without them."""
     labels, errors = [], []
     direction = "lower" if lower_is_better else "higher"
-    for record in load_records(data, name):
-        row = record.data or {}
+    records = load_records(data, name)
+    for record in records if given is None else complete_records(records, given):
+        if record.data is None:
+            errors.append(f"{record.location}: {record.error}")
+            continue
+        row = record.data
         label = row.get(field)
         if isinstance(label, bool) or not isinstance(label, (int, float)) or not math.isfinite(label):
             errors.append(

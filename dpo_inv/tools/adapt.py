@@ -25,6 +25,7 @@ from accelerate.utils import gather_object
 
 from dpo_inv.data.batches import PreferenceDataset, collate, structure_inputs
 from dpo_inv.data.dataset import SEQUENCE_FIELDS, PairDataset, load_pairs
+from dpo_inv.data.proteingym import StructureOptions
 from dpo_inv.data.records import Data, DataError, write_json
 from dpo_inv.models.combinations import Slots, base_order, joint_plan, joint_slots, slot_head
 from dpo_inv.models.mpnn import ProteinMPNN
@@ -64,7 +65,7 @@ MAX_PAIRS = 200_000  # pairs per structure used by a training step; more are sub
 
 
 @dataclass
-class AdaptConfig:
+class AdaptConfig(StructureOptions):
     data: str | None = field(
         default=None,
         metadata={
@@ -439,10 +440,11 @@ def adapt_model(model: ProteinMPNN, data: Data, config: AdaptConfig) -> tuple[Pr
     torch.set_num_threads(threads_per_process(setup_environment().local_world_size))
     state = PartialState()
     device = resolve_device(config.device) if config.device or state.num_processes == 1 else state.device
-    labels = np.array(variant_labels(data, config.score_field, config.lower_is_better, name="records"))
+    given = config.given_structure(data)
+    labels = np.array(variant_labels(data, config.score_field, config.lower_is_better, "records", given))
     options = parse_options(model.config, config.ligand_context, config.ligand_exclude)
     with state.main_process_first():
-        loaded = load_pairs(data, config.cache_dir, fields=SEQUENCE_FIELDS, options=options)
+        loaded = load_pairs(data, config.cache_dir, fields=SEQUENCE_FIELDS, options=options, given=given)
     model = copy.deepcopy(model).to(device)
     sets = variant_sets(model, loaded, labels, config, device)
     check_labels(sets, loaded, config)
@@ -516,6 +518,10 @@ def adapt(
     cache_dir: str | None = None,
     ligand_context: bool = True,
     ligand_exclude: Sequence[str] = (),
+    structure: str | None = None,
+    chain_id: Sequence[str] = (),
+    proteingym_reference: str | None = None,
+    mutant_numbering: Literal["sequence", "author"] = "sequence",
 ) -> AdaptOutput:
     """Adapt `model` (a model, or a name or path :func:`load_model` takes) to one protein's labelled
     variants, as `python -m dpo_inv adapt` does; `model` itself is not changed.
@@ -524,12 +530,15 @@ def adapt(
     `pdb_file`, chains, `sequence`, `wildtype_seq` and a number in `score_field` (higher = better unless
     `lower_is_better`). The number of DPO steps and the learning rate are chosen by grouped
     cross-validation over `learning_rates` x `max_steps`; the starting model is kept with fewer than
-    `min_labels` labels or without a cross-validated gain. Writes `output_dir/final` and
-    `output_dir/adapt.json`; returns the model and that report (cross-validated Spearman of the starting
-    model, the adapted model and augmented ridge, per structure).
+    `min_labels` labels or without a cross-validated gain. Records that name no structure (ProteinGym's
+    layout) take `structure` and `chain_id` (or `proteingym_reference`'s row), as `score` does. Writes
+    `output_dir/final` and `output_dir/adapt.json`; returns the model and that report (cross-validated
+    Spearman of the starting model, the adapted model and augmented ridge, per structure).
     """
     name = model if isinstance(model, str) else model.config.name_or_path
-    config = AdaptConfig(output_dir=output_dir, model=str(name), score_field=score_field,
+    config = AdaptConfig(output_dir=output_dir, model=str(name), structure=structure,
+                         chain_id=list(chain_id), proteingym_reference=proteingym_reference,
+                         mutant_numbering=mutant_numbering, score_field=score_field,
                          lower_is_better=lower_is_better, num_folds=num_folds,
                          learning_rates=list(learning_rates), max_steps=list(max_steps), beta=beta,
                          loss_type=loss_type, min_labels=min_labels, decoding_order=decoding_order,

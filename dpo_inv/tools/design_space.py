@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import itertools
 import math
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
@@ -14,10 +13,10 @@ from typing import Any
 
 import numpy as np
 
+from dpo_inv.data.proteingym import MUTATION, WILD_TYPE
 from dpo_inv.structures.parse import ALPHABET, AMINO_ACIDS, StructureError
 from dpo_inv.tools.sample import fixed_indices, parse_fixed_positions, prepare_design
 
-MUTATION = re.compile(r"^([A-Z])([A-Za-z]?)(-?\d+[A-Za-z]?)([A-Z])$")
 MAX_CANDIDATES = 2_000_000  # variants a design space may enumerate: a larger one is sampled
 
 
@@ -56,7 +55,7 @@ class DesignSpace:
         a `ValueError` prefixed with ``where`` names what is wrong."""
         variant = self.parent.copy()
         text = mutations.strip()
-        if text.upper() in ("", "WT", "_WT"):
+        if text.upper() in WILD_TYPE:
             return variant
         for item in text.split(":"):
             match = MUTATION.match(item.strip())

@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import math
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -15,6 +15,7 @@ import datasets
 import numpy as np
 
 from dpo_inv.data.dataset import SEQUENCE_FIELDS, PairDataset, load_pairs, normalise, residue_score_list
+from dpo_inv.data.proteingym import StructureOptions, complete_records
 from dpo_inv.data.records import (
     Data,
     DataError,
@@ -41,7 +42,7 @@ STRATEGIES = {
 
 
 @dataclass
-class PairsConfig:
+class PairsConfig(StructureOptions):
     output: str = field(
         metadata={"help": "Output pairs (JSONL); a relative pdb_file is made relative to its folder."}
     )
@@ -304,10 +305,14 @@ def pair_rows(data: Data, config: PairsConfig, name: str = "scored") -> tuple[li
     with `pdb_file` as the records give it, and the summary."""
     check_options(config)
     records = load_records(data, name)
+    given = config.given_structure(data)
+    if given is not None:
+        records = complete_records(records, given)
     options = model_parse_options(config.model) if config.model else PROTEINMPNN_PARSE
     loaded = load_pairs(
-        data, config.cache_dir, fields=SEQUENCE_FIELDS, on_bad_record="skip", options=options, name=name
-    )
+        data, config.cache_dir, fields=SEQUENCE_FIELDS, on_bad_record="skip", options=options, name=name,
+        given=given,
+    )  # fmt: skip
     groups, merged = read_groups(records, loaded, config)
     rng = random.Random(config.seed)
     structures = loaded.structures.select_columns(["path", "design_chains", "fixed_chains"])
@@ -366,6 +371,10 @@ def make_pairs(
     seed: int = 0,
     model: str | None = None,
     cache_dir: str | None = None,
+    structure: str | None = None,
+    chain_id: Sequence[str] = (),
+    proteingym_reference: str | None = None,
+    mutant_numbering: Literal["sequence", "author"] = "sequence",
 ) -> list[dict] | pandas.DataFrame:
     """Preference pairs from scored sequences, as `python -m dpo_inv pairs` writes them, or sequences
     labelled desirable or not (for kto) with `labels_from_score` or `labels_from_quantile`.
@@ -379,8 +388,9 @@ def make_pairs(
     working directory). Returns a DataFrame when `scored` is one,
     else a list of dicts; bad records raise one `DataError` (a `ValueError`), a line each.
     """
-    config = PairsConfig(output="", strategy=strategy, score_field=score_field,
-                         lower_is_better=lower_is_better, min_margin=min_margin,
+    config = PairsConfig(output="", strategy=strategy, structure=structure, chain_id=list(chain_id),
+                         proteingym_reference=proteingym_reference, mutant_numbering=mutant_numbering,
+                         score_field=score_field, lower_is_better=lower_is_better, min_margin=min_margin,
                          max_pairs_per_structure=max_pairs_per_structure, top_k=top_k,
                          wildtype_score=wildtype_score, residue_score_field=residue_score_field,
                          weight_by_margin=weight_by_margin, labels_from_score=labels_from_score,

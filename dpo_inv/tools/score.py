@@ -16,6 +16,7 @@ from torch.utils.data import DataLoader, Subset
 from dpo_inv.data.batches import PreferenceDataset, collate
 from dpo_inv.data.dataset import PAIR_FIELDS, SEQUENCE_FIELDS, column, load_pairs, normalise
 from dpo_inv.data.featurized import context_counts
+from dpo_inv.data.proteingym import StructureOptions, complete_records
 from dpo_inv.data.records import (
     Data,
     DataError,
@@ -56,7 +57,7 @@ if TYPE_CHECKING:
 
 
 @dataclass
-class ScoreConfig:
+class ScoreConfig(StructureOptions):
     data: str = field(
         metadata={"help": "Preference pairs, or sequences (sequence, optional label, wildtype_seq)."}
     )
@@ -290,6 +291,9 @@ def score_records(
     """Score every record of `data` (a file or records in memory): the records with their scores, the
     summary, and the per-structure Spearman table (empty without labels)."""
     records = load_records(data, name)
+    given = config.given_structure(data)
+    if given is not None:
+        records = complete_records(records, given)
     rows = [dict(record.data or {}) for record in records]
     columns = {column for row in rows for column in normalise(row)}
     is_pairs = not ("sequence" in columns and "preferred_seq" not in columns)
@@ -320,7 +324,7 @@ def score_records(
         (f"model {model.name_or_path!r}", f"reference {getattr(reference, 'name_or_path', None)!r}"),
     )
     fields = PAIR_FIELDS if is_pairs else SEQUENCE_FIELDS
-    loaded = load_pairs(data, config.cache_dir, fields=fields, options=options, name=name)
+    loaded = load_pairs(data, config.cache_dir, fields=fields, options=options, name=name, given=given)
     note = empty_context_note(context_counts(loaded.structures), options)
     if note:
         print(f"note: {note}", file=sys.stderr)
@@ -358,6 +362,10 @@ def score(
     cache_dir: str | None = None,
     ligand_context: bool = True,
     ligand_exclude: Sequence[str] = (),
+    structure: str | None = None,
+    chain_id: Sequence[str] = (),
+    proteingym_reference: str | None = None,
+    mutant_numbering: Literal["sequence", "author"] = "sequence",
 ) -> list[dict] | pandas.DataFrame:
     """Score preference pairs or sequences under `model` (a model, or a name or path :func:`load_model`
     takes), with the numbers `python -m dpo_inv score` writes.
@@ -367,10 +375,14 @@ def score(
     `unpreferred_reward`); sequences with a `wildtype_seq` get `delta_logp`, other sequences `logp` and
     `logp_per_residue` (see `python -m dpo_inv score --help` for the options). With `ridge`, the
     `augmented_ridge.json` :func:`adapt` wrote for `model`, variants also get `predicted_<label field>`.
+    Records that name no structure (ProteinGym's `mutant`, `mutated_sequence`, `DMS_score`) take
+    `structure` and `chain_id`, or those of the row of `proteingym_reference` that names the file.
     Returns the records with their scores: a DataFrame when `records` is one, else a list of dicts. Bad
     records raise one `DataError` (a `ValueError`), a line each.
     """
-    config = ScoreConfig(data="", output="", variant_scoring=variant_scoring, decoding_order=decoding_order,
+    config = ScoreConfig(data="", output="", structure=structure, chain_id=list(chain_id),
+                         proteingym_reference=proteingym_reference, mutant_numbering=mutant_numbering,
+                         variant_scoring=variant_scoring, decoding_order=decoding_order,
                          ridge=None if ridge is None else str(ridge), score_field=score_field,
                          lower_is_better=lower_is_better, num_orders=num_orders, seed=seed,
                          batch_size=batch_size, device=device, cache_dir=cache_dir,
