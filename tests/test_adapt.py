@@ -145,7 +145,7 @@ def test_the_augmented_ridge_adapt_ships_is_what_score_applies(tmp_path):
     report = json.loads((tmp_path / "out" / "adapt.json").read_text())
     ridge, final = tmp_path / "out" / "augmented_ridge.json", str(tmp_path / "out" / "final")
     assert report["final_ridge"] == str(ridge) and ridge.is_file()
-    assert f"{ridge} (dpo_inv.score --ridge)" in result.stdout.splitlines()[-1]
+    assert f"{ridge} (dpo-inv score --ridge)" in result.stdout.splitlines()[-1]
     # score computes the delta_logp the ridge was fitted on (adapt's order, no option needed), then the
     # ridge on it: refitting on the labelled variants' scored delta_logp gives the same predictions
     scored = score_command(tmp_path, "--model", final, "--data", str(labelled), "--ridge", str(ridge))

@@ -42,11 +42,17 @@ def launchers(port: str) -> dict[str, tuple[tuple[str, ...], dict[str, str]]]:
         "mpiexec": (("mpiexec", "-n", "2", PY, *module), {"MASTER_PORT": port}),
         "aurora_script": (("scripts/run_dpo_aurora.sh",),
                           {**scripts, "RANKS_PER_NODE": "2", "CONFIG": QUICK}),
+        # an NVIDIA PBS cluster's script, its GPUs per node given; a SLURM job of 2 tasks (tests/bin/srun)
+        "pbs_script": (("scripts/run_dpo_pbs.sh",), {**scripts, "GPUS_PER_NODE": "2", "CONFIG": QUICK}),
+        "slurm_script": (("scripts/run_dpo_slurm.sh",),
+                         {**scripts, "CONFIG": QUICK, "SLURM_NTASKS": "2", "SLURM_JOB_NUM_NODES": "1",
+                          "SLURM_JOB_NODELIST": "localhost", "PATH": f"{ROOT / 'tests' / 'bin'}:{PATH}"}),
         "local_script": (("scripts/run_dpo_local.sh", "2", QUICK), scripts),
     }  # fmt: skip
 
 
-LAUNCHERS_ON_MPIEXEC = ("mpiexec", "aurora_script")
+LAUNCHERS_ON_MPIEXEC = ("mpiexec", "aurora_script", "pbs_script")
+PATH = os.environ["PATH"]
 COMMON = ("--max_steps", "4", "--learning_rate", "3e-4", "--warmup_steps", "0", "--logging_steps", "1",
           "--eval_steps", "4", "--per_device_eval_batch_size", "2", "--seed", "5", "--log_data_order",
           "--eval_split", "0")  # fmt: skip

@@ -139,7 +139,7 @@ def test_every_command_shown_exists():
     modules = {
         (path.name, module)
         for path in files
-        for module in re.findall(r"""-m["', ]+dpo_inv\.(\w+)""", path.read_text())
+        for module in re.findall(r"""-m["', ]+f?["']?dpo_inv\.\{?(\w+)""", path.read_text())
         if module != "run"
     }
     assert modules == set()

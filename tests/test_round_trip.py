@@ -11,10 +11,11 @@ import pytest
 from conftest import ROOT, STRUCTURES
 
 
-def command(cwd: Path, module: str, *args: str) -> subprocess.CompletedProcess:
-    result = subprocess.run([sys.executable, "-m", f"dpo_inv.{module}", *args], cwd=cwd, capture_output=True,
+def command(cwd: Path, name: str, *args: str) -> subprocess.CompletedProcess:
+    """`python -m dpo_inv NAME ...` in the folder ``cwd``."""
+    result = subprocess.run([sys.executable, "-m", "dpo_inv", name, *args], cwd=cwd, capture_output=True,
                             text=True, timeout=600)  # fmt: skip
-    assert result.returncode == 0, (module, result.stderr[-2000:])
+    assert result.returncode == 0, (name, result.stderr[-2000:])
     return result
 
 
@@ -33,7 +34,7 @@ def test_sample_score_pairs_train_sample_from_another_folder(tmp_path):
     summary = json.loads(command(work, "pairs", "scored/samples.jsonl", "--output", "pairs/train.jsonl",
                                  "--score_field", "logp", *cache).stdout)  # fmt: skip
     assert summary["pairs"] == 3
-    command(work, "run", "--train_file", "pairs/train.jsonl", "--eval_split", "0", "--max_steps", "2",
+    command(work, "train", "--train_file", "pairs/train.jsonl", "--eval_split", "0", "--max_steps", "2",
             "--per_device_train_batch_size", "2", "--output_dir", "runs/dpo", *cache)  # fmt: skip
     command(work, "sample", "--model", "runs/dpo/final", "--structure", "structures/2xcjA.pdb.gz",
             "--num_samples", "2", "--output_dir", "designs-2")  # fmt: skip
