@@ -18,6 +18,7 @@ import traceback
 from types import ModuleType
 from typing import Any, NoReturn
 
+import torch
 import yaml
 from trl import TrlParser
 
@@ -25,6 +26,7 @@ from dpo_inv.data.progress import quiet_datasets
 from dpo_inv.data.records import DataError
 from dpo_inv.structures.parse import StructureError
 from dpo_inv.training.config import EXIT_BAD_INPUT
+from dpo_inv.training.launch import setup_environment, threads_per_process
 from dpo_inv.training.stopping import TrainingStopped, leave_process_group
 
 COMMANDS = ("train", "score", "scan", "sample", "pairs", "rounds", "adapt", "propose", "plot")
@@ -101,6 +103,7 @@ def run(command: str, args: list[str] | None = None, prog: str = "dpo-inv") -> N
     ...`); 1 on another error, which each failing rank reports as a last line `rank R: Type: ...`."""
     config, debug = parse(command, args, prog)
     module = importlib.import_module(f"dpo_inv.commands.{command}")
+    torch.set_num_threads(threads_per_process(setup_environment().local_world_size))
     rank, ranks = os.environ.get("RANK", "0"), int(os.environ.get("WORLD_SIZE", "1"))
     try:
         with quiet_datasets():

@@ -1,5 +1,6 @@
-"""Threads on a busy machine: the wall time of each command with one thread and with one thread per core, on
-a quiet machine and beside a neighbour that keeps every core busy (docs/benchmarks.md, "Threads").
+"""Threads on a busy machine: the wall time of each command with one thread, with one thread per core and
+with the threads dpo_inv chooses (`auto`: no OMP_NUM_THREADS), on a quiet machine and beside a neighbour
+that keeps every core busy (docs/benchmarks.md, "Threads").
 
     python scripts/benchmark_threads.py --repeats 2
 
@@ -42,8 +43,10 @@ def commands(tmp: Path) -> dict[str, list[str]]:
     }  # fmt: skip
 
 
-def run(command: list[str], threads: int) -> float:
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+def run(command: list[str], threads: str) -> float:
+    env = {name: value for name, value in os.environ.items() if name != "OMP_NUM_THREADS"}
+    if threads != "auto":
+        env["OMP_NUM_THREADS"] = threads
     if "--output_dir" in command:  # a fresh folder: training would resume, the others refuse
         output = Path(command[command.index("--output_dir") + 1])
         shutil.rmtree(output, ignore_errors=True)
@@ -58,13 +61,15 @@ def main() -> None:
     )
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--only", nargs="*", help="Commands to time (default: all).")
+    parser.add_argument("--settings", nargs="*", help="Thread settings (default: 1, the cores, auto).")
     args = parser.parse_args()
     cores = len(os.sched_getaffinity(0))
-    results: dict[tuple[str, str, int], list[float]] = {}
+    settings = args.settings or list(dict.fromkeys(["1", str(cores), "auto"]))
+    results: dict[tuple[str, str, str], list[float]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         todo = {name: c for name, c in commands(Path(tmp)).items() if not args.only or name in args.only}
         for command in todo.values():  # warm-up: structures parsed and cached, files written once
-            run(command, 1)
+            run(command, "1")
         for repeat in range(args.repeats):
             for condition in ("quiet", "busy"):
                 neighbour = None
@@ -73,7 +78,7 @@ def main() -> None:
                     time.sleep(2)
                 try:
                     for name, command in todo.items():
-                        for threads in (1, cores) if repeat % 2 == 0 else (cores, 1):
+                        for threads in settings if repeat % 2 == 0 else settings[::-1]:
                             seconds = run(command, threads)
                             results.setdefault((name, condition, threads), []).append(seconds)
                             print(json.dumps({"command": name, "condition": condition, "threads": threads,
@@ -83,10 +88,10 @@ def main() -> None:
                         neighbour.kill()
                         neighbour.wait()
     print(f"\nmedian seconds ({cores} cores; busy: a neighbour process computing on {cores} threads)")
-    print(f"{'command':8} {'condition':9} " + " ".join(f"{t:>3} thread(s)" for t in sorted({1, cores})))
+    print(f"{'command':8} {'condition':9} " + " ".join(f"{t:>12}" for t in settings))
     for name in todo:
         for condition in ("quiet", "busy"):
-            cells = [f"{np.median(results[name, condition, t]):>12.1f}" for t in sorted({1, cores})]
+            cells = [f"{np.median(results[name, condition, t]):>12.1f}" for t in settings]
             print(f"{name:8} {condition:9} " + " ".join(cells))
 
 

@@ -1,10 +1,19 @@
 """Launch-environment mapping for mpiexec (MPICH/PALS, Open MPI, MVAPICH), SLURM and torchrun."""
 
 import os
+import subprocess
+import sys
+import time
 
 import pytest
 
-from dpo_inv.training.launch import device_backend, first_slurm_host, setup_environment, threads_per_process
+from dpo_inv.training.launch import (
+    busy_cores,
+    device_backend,
+    first_slurm_host,
+    setup_environment,
+    threads_per_process,
+)
 
 
 @pytest.mark.parametrize(
@@ -79,7 +88,23 @@ def test_processes_per_node(env, local_world_size):
 
 def test_threads_share_the_cores_unless_set():
     cores = len(os.sched_getaffinity(0))
-    assert threads_per_process(1, {}) == cores
-    assert threads_per_process(2, {}) == max(1, cores // 2)
-    assert threads_per_process(4 * cores, {}) == 1
-    assert threads_per_process(2, {"OMP_NUM_THREADS": "3"}) == 3  # the user's (or the launcher's) choice
+    assert threads_per_process(1, {}, busy=0) == cores
+    assert threads_per_process(2, {}, busy=0) == max(1, cores // 2)
+    assert threads_per_process(4 * cores, {}, busy=0) == 1
+    assert threads_per_process(2, {"OMP_NUM_THREADS": "3"}, busy=cores) == 3  # the user's (or launcher's)
+    assert threads_per_process(1, {"SLURM_CPUS_PER_TASK": "1"}, busy=0) == 1
+
+
+def test_cores_that_other_work_keeps_busy_are_left_to_it():
+    """One process beside a neighbour computing on every core: one thread (two would spin, waiting)."""
+    cores = len(os.sched_getaffinity(0))
+    assert threads_per_process(1, {}, busy=cores) == 1
+    assert threads_per_process(1, {}, busy=1) == max(1, cores - 1)
+    assert threads_per_process(2, {}, busy=1) == max(1, cores // 2)  # the other rank is not other work
+    neighbour = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.5)
+        assert busy_cores() >= 1
+    finally:
+        neighbour.kill()
+        neighbour.wait()

@@ -49,6 +49,8 @@ def test_a_scan_as_it_comes_scores_as_records_that_name_everything(tmp_path, mod
         model, str(scan), structure=str(structure), chain_id=["A"], score_field="DMS_score"
     )
     assert len(scored) == 24 and {"mutant", "DMS_score", "delta_logp"} <= set(scored[0])
+    assert scored.summary["labelled"] == 24 and len(scored.per_structure) == 1
+    assert scored.summary["spearman"] == scored.per_structure[0]["spearman"]
     # the same variants written out in full: the same scores
     full = [{"pdb_file": str(structure), "chain_id": "A", "sequence": row["sequence"],
              "wildtype_seq": row["wildtype_seq"]} for row in scored]  # fmt: skip

@@ -366,7 +366,7 @@ def score(
     chain_id: Sequence[str] = (),
     proteingym_reference: str | None = None,
     mutant_numbering: Literal["sequence", "author"] = "sequence",
-) -> list[dict] | pandas.DataFrame:
+) -> ScoredRecords | pandas.DataFrame:
     """Score preference pairs or sequences under `model` (a model, or a name or path :func:`load_model`
     takes), with the numbers `python -m dpo_inv score` writes.
 
@@ -377,8 +377,9 @@ def score(
     `augmented_ridge.json` :func:`adapt` wrote for `model`, variants also get `predicted_<label field>`.
     Records that name no structure (ProteinGym's `mutant`, `mutated_sequence`, `DMS_score`) take
     `structure` and `chain_id`, or those of the row of `proteingym_reference` that names the file.
-    Returns the records with their scores: a DataFrame when `records` is one, else a list of dicts. Bad
-    records raise one `DataError` (a `ValueError`), a line each.
+    Returns the records with their scores: a DataFrame when `records` is one, else a list of dicts; the
+    summary the command prints is their `summary` (a DataFrame's `attrs["summary"]`), each structure's
+    Spearman their `per_structure`. Bad records raise one `DataError` (a `ValueError`), a line each.
     """
     config = ScoreConfig(data="", output="", structure=structure, chain_id=list(chain_id),
                          proteingym_reference=proteingym_reference, mutant_numbering=mutant_numbering,
@@ -388,8 +389,29 @@ def score(
                          batch_size=batch_size, device=device, cache_dir=cache_dir,
                          ligand_context=ligand_context, ligand_exclude=list(ligand_exclude))  # fmt: skip
     policy = as_model(model)
-    rows, _, _ = score_records(policy, None if reference is None else as_model(reference), records, config)
-    return as_table(records, rows)
+    rows, summary, table = score_records(policy, None if reference is None else as_model(reference), records,
+                                         config)  # fmt: skip
+    return with_summary(as_table(records, rows), summary, table)
+
+
+class ScoredRecords(list):
+    """The scored records (a list of dicts) with what the command prints: `summary` (Spearman pooled and
+    per structure, or the pairs' accuracy) and `per_structure` (each structure's Spearman)."""
+
+    summary: dict
+    per_structure: list[dict]
+
+
+def with_summary(
+    scored: list[dict] | pandas.DataFrame, summary: dict, table: list[dict]
+) -> ScoredRecords | pandas.DataFrame:
+    """The scored records carrying the summary: as attributes of a list, in a DataFrame's `attrs`."""
+    if isinstance(scored, list):
+        scored = ScoredRecords(scored)
+        scored.summary, scored.per_structure = summary, table
+    else:
+        scored.attrs.update(summary=summary, per_structure=table)
+    return scored
 
 
 def score_file(config: ScoreConfig) -> dict:

@@ -10,8 +10,10 @@ from __future__ import annotations
 import importlib
 import os
 import re
+import time
 from collections.abc import MutableMapping
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from accelerate import Accelerator
@@ -100,14 +102,39 @@ def setup_environment(env: MutableMapping[str, str] | None = None) -> LaunchInfo
     )
 
 
-def threads_per_process(local_world_size: int, env: MutableMapping[str, str] | None = None) -> int:
+def busy_cores(samples: int = 5, interval: float = 0.01) -> int:
+    """How many cores other work keeps busy now: the runnable tasks of the machine but this one
+    (`/proc/loadavg`), the least of a few samples, so that a passing task does not count; 0 where the
+    file is missing."""
+    counts = []
+    for sample in range(samples):
+        try:
+            running = Path("/proc/loadavg").read_text().split()[3].split("/")[0]
+        except (OSError, IndexError):
+            return 0
+        counts.append(int(running) - 1)
+        if sample + 1 < samples:
+            time.sleep(interval)
+    return max(0, min(counts))
+
+
+def threads_per_process(
+    local_world_size: int, env: MutableMapping[str, str] | None = None, busy: int | None = None
+) -> int:
     """Compute threads for this process: OMP_NUM_THREADS where the user or the launcher set it, else the
-    cores this process may run on shared among the processes of this node (at least 1), so that several
-    processes do not oversubscribe the cores."""
+    cores this process may run on (its CPU affinity, and SLURM_CPUS_PER_TASK in a SLURM job) shared among
+    the processes of this node, less the cores other work keeps busy (``busy``, measured by default:
+    threads that wait for a busy core spin and slow everything down several times), at least 1."""
     env = os.environ if env is None else env
     if env.get("OMP_NUM_THREADS", "").isdigit() and int(env["OMP_NUM_THREADS"]) > 0:
         return int(env["OMP_NUM_THREADS"])
-    return max(1, len(os.sched_getaffinity(0)) // max(1, local_world_size))
+    processes = max(1, local_world_size)
+    busy = busy_cores() if busy is None else busy
+    others = max(0, busy - (processes - 1))  # the node's other ranks are not other work
+    threads = max(1, (len(os.sched_getaffinity(0)) - others) // processes)
+    if env.get("SLURM_CPUS_PER_TASK", "").isdigit() and int(env["SLURM_CPUS_PER_TASK"]) > 0:
+        threads = min(threads, int(env["SLURM_CPUS_PER_TASK"]))
+    return threads
 
 
 def device_backend(requested: str | None = None) -> tuple[str, str | None]:
