@@ -103,8 +103,10 @@ def run(command: str, args: list[str] | None = None, prog: str = "dpo-inv") -> N
     ...`); 1 on another error, which each failing rank reports as a last line `rank R: Type: ...`."""
     config, debug = parse(command, args, prog)
     module = importlib.import_module(f"dpo_inv.commands.{command}")
-    torch.set_num_threads(threads_per_process(setup_environment().local_world_size))
-    rank, ranks = os.environ.get("RANK", "0"), int(os.environ.get("WORLD_SIZE", "1"))
+    # the launcher's variables read, not exported: the command sets its launch environment up itself
+    launch = setup_environment(dict(os.environ))
+    torch.set_num_threads(threads_per_process(launch.local_world_size))
+    rank, ranks = str(launch.rank), launch.world_size
     try:
         with quiet_datasets():
             module.run(config)
