@@ -63,6 +63,7 @@ def test_a_scan_as_it_comes_scores_as_records_that_name_everything(tmp_path, mod
     assert [r["delta_logp"] for r in again] == [r["delta_logp"] for r in scored]
 
 
+@pytest.mark.slow
 def test_the_reference_csv_names_the_structure_on_the_command_line(tmp_path):
     scan = write_csv(tmp_path / SCAN, scan_rows(24))
     reference = tmp_path / "reference.csv"
