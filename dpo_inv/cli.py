@@ -114,7 +114,7 @@ def run(command: str, args: list[str] | None = None, prog: str = "dpo-inv") -> N
         if rank == "0":
             print(stopped, flush=True)
         leave_process_group()
-        sys.exit(stopped.exit_code)
+        leave(stopped.exit_code, ranks)
     except (DataError, *BAD_INPUT) as err:
         if debug:
             traceback.print_exc()
@@ -125,12 +125,23 @@ def run(command: str, args: list[str] | None = None, prog: str = "dpo-inv") -> N
         else:
             where = f"rank {rank}: " if ranks > 1 else ""
             print(f"{where}{prog_of(command, prog)}: error: {err}", file=sys.stderr, flush=True)
-        sys.exit(EXIT_BAD_INPUT)
+        leave(EXIT_BAD_INPUT, ranks)
     except Exception as err:
         traceback.print_exc()
         message = str(err).replace("\n", " | ")
         print(f"rank {rank}: {type(err).__name__}: {message}", file=sys.stderr)
-        sys.exit(1)
+        leave(1, ranks)
+
+
+def leave(status: int, ranks: int) -> NoReturn:
+    """Exit with ``status``. One of several processes whose job ended early exits at once, its output
+    flushed: the interpreter's shutdown could wait on, or abort in, collectives a stopped or failed rank
+    will never complete (the trackers have ended and the checkpoint is written by then)."""
+    if ranks > 1:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(status)
+    sys.exit(status)
 
 
 def main(args: list[str] | None = None, prog: str = "dpo-inv") -> None:
