@@ -123,20 +123,21 @@ class Scan:
         and its best substitution."""
         probs = np.exp(self.log_probs[:, :20])
         probs = probs / probs.sum(1, keepdims=True)
+        deltas, gains = self.deltas, self.gains
         rows = []
         for row, position in enumerate(self.space.positions):
             wildtype = int(self.space.parent[position])
             others = [t for t in range(20) if t != wildtype]
-            best = max(others, key=lambda t: self.gains[row, t])
+            best = max(others, key=lambda t: gains[row, t])
             chain, number = self.space.numbers[position]
             record = {
                 "position": f"{chain}{number}",
                 "wildtype": ALPHABET[wildtype],
                 "wildtype_logp": round(float(self.log_probs[row, wildtype]), 4),
                 "entropy": round(float(-(probs[row] * np.log(probs[row])).sum()), 4),
-                "mean_delta_logp": round(float(self.deltas[row, others].mean()), 4),
+                "mean_delta_logp": round(float(deltas[row, others].mean()), 4),
                 "best_mutant": f"{ALPHABET[wildtype]}{self.space.labels[position]}{ALPHABET[best]}",
-                "best_delta_logp": round(float(self.deltas[row, best]), 4),
+                "best_delta_logp": round(float(deltas[row, best]), 4),
             }
             if self.predicted is not None:
                 record[f"mean_predicted_{self.label}"] = round(float(self.predicted[row, others].mean()), 4)
