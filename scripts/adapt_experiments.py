@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from dpo_inv.data.dataset import SEQUENCE_FIELDS, load_pairs
+from dpo_inv.data.dataset import VARIANTS, load_records
 from dpo_inv.models.variants import spearman
 from dpo_inv.models.weights import load_model
 from dpo_inv.tools.adapt import AdaptConfig, choose_and_train, fit_augmented_ridge, variant_sets
@@ -57,7 +57,7 @@ def run_domain(domain: str, args: argparse.Namespace, done: set, output) -> None
     with tempfile.TemporaryDirectory() as tmp:
         file = Path(tmp) / f"{domain}.jsonl"
         file.write_text("".join(json.dumps(r) + "\n" for r in records))
-        data = load_pairs(file, args.cache_dir, fields=SEQUENCE_FIELDS)
+        data = load_records(file, args.cache_dir, kind=VARIANTS)
     labels = np.array([r["score"] for r in records])
     model = load_model(args.model)
     config = AdaptConfig(data=str(file), model=args.model)

@@ -15,7 +15,7 @@ gradient clipping, optimizer step); it times `steps` of them after `warmup` unti
 Data. Without `--lengths`: `train_file` (the bundled example by default) with its pairs repeated to
 `num_pairs`. With `--lengths`: for each length L, one structure of exactly L residues of real geometry, the
 five-chain complex `base_structure` cut after L residues, or repeated (copy k moved k x 250 Å) beyond its 815;
-all chains designed, sequences random. Both go through `load_pairs`: parsed once, then read from the Arrow
+all chains designed, sequences random. Both go through `load_records`: parsed once, then read from the Arrow
 cache in `work_dir`.
 
 Output: one JSON line per measurement: device, world size, batch size, mean residues per structure, padding,
@@ -59,8 +59,8 @@ from torch.utils.flop_counter import FlopCounterMode
 from trl import TrlParser
 
 import dpo_inv.data.featurized
-from dpo_inv.data.batches import LengthGroupedSampler, PreferenceDataset, collate
-from dpo_inv.data.dataset import PairDataset, load_pairs
+from dpo_inv.data.batches import ExampleDataset, LengthGroupedSampler, collate
+from dpo_inv.data.dataset import RecordSet, load_records
 from dpo_inv.models.mpnn import ProteinMPNN
 from dpo_inv.models.weights import model_parse_options
 from dpo_inv.structures.parse import AMINO_ACIDS, BACKBONE_ATOMS, parse_structure
@@ -278,7 +278,7 @@ def build(config: DPOConfig) -> tuple[Trainer, str]:
     return Trainer(accelerator, config, model, reference, optimizer), setup
 
 
-def sampler(trainer: Trainer, dataset: PreferenceDataset, batch_size: int, length_grouping: bool) -> Sampler:
+def sampler(trainer: Trainer, dataset: ExampleDataset, batch_size: int, length_grouping: bool) -> Sampler:
     """The sampler of `dpo_inv.training.trainer` (length-grouped global batches, seeded), or seeded random
     batches."""
     global_batch, seed = batch_size * trainer.accelerator.num_processes, trainer.config.seed
@@ -287,10 +287,10 @@ def sampler(trainer: Trainer, dataset: PreferenceDataset, batch_size: int, lengt
     return RandomSampler(dataset, generator=torch.Generator().manual_seed(seed))
 
 
-def train_loader(trainer: Trainer, data: PairDataset, batch_size: int, length_grouping: bool) -> DataLoader:
+def train_loader(trainer: Trainer, data: RecordSet, batch_size: int, length_grouping: bool) -> DataLoader:
     """The training DataLoader of `dpo_inv.training.trainer`, prepared (sharded over the processes)."""
     accelerator, config = trainer.accelerator, trainer.config
-    dataset = PreferenceDataset(data)
+    dataset = ExampleDataset(data)
     loader = DataLoader(
         dataset,
         batch_size=batch_size,
@@ -328,19 +328,19 @@ def epochs(loader: DataLoader) -> Iterator[tuple[int, dict]]:
 # ---- the measurement --------------------------------------------------------------------------------------
 
 
-def measure(trainer: Trainer, data: PairDataset, batch_size: int, options: Options) -> dict:
+def measure(trainer: Trainer, data: RecordSet, batch_size: int, options: Options) -> dict:
     """Time `options.steps` micro-batches after `options.warmup` untimed ones."""
     accelerator, config, device = trainer.accelerator, trainer.config, trainer.accelerator.device
     result: dict = {"per_device_batch_size": batch_size}
     reference = trainer.reference
     if config.precompute_ref_log_probs:  # the reference scores, once, the pairs the steps will draw
         needed = (options.warmup + options.steps) * batch_size * accelerator.num_processes
-        if len(data.pairs) > needed:
-            order = sampler(trainer, PreferenceDataset(data), batch_size, options.length_grouping)
-            data = replace(data, pairs=data.pairs.select(sorted(list(order)[:needed])))
+        if len(data.records) > needed:
+            order = sampler(trainer, ExampleDataset(data), batch_size, options.length_grouping)
+            data = replace(data, records=data.records.select(sorted(list(order)[:needed])))
         start = time.perf_counter()
         data = precompute_reference(accelerator, reference, data, config)
-        result["precompute_pairs_per_second"] = round(len(data.pairs) / (time.perf_counter() - start), 2)
+        result["precompute_pairs_per_second"] = round(len(data.records) / (time.perf_counter() - start), 2)
         reference = None  # as in training: no reference model in the steps
     stream = epochs(train_loader(trainer, data, batch_size, options.length_grouping))
 
@@ -398,7 +398,7 @@ def measure(trainer: Trainer, data: PairDataset, batch_size: int, options: Optio
     }
 
 
-def try_measure(trainer: Trainer, data: PairDataset, batch_size: int, options: Options) -> dict:
+def try_measure(trainer: Trainer, data: RecordSet, batch_size: int, options: Options) -> dict:
     """`measure`; running out of GPU memory is reported in the result."""
     try:
         return measure(trainer, data, batch_size, options)
@@ -448,19 +448,19 @@ def main() -> None:
         if accelerator.is_main_process:
             print(json.dumps({**header, **record}), flush=True)
 
-    def load(write: Callable[[], Path]) -> tuple[PairDataset, dict]:
+    def load(write: Callable[[], Path]) -> tuple[RecordSet, dict]:
         """Rank 0 writes the data file and parses its structures first; the others then read the cache."""
         start = time.perf_counter()
         with accelerator.main_process_first():
             options = model_parse_options(config.model_name_or_path, None, config.ligand_context)
-            data = load_pairs(write(), cache_dir=config.cache_dir or work_dir / "cache", options=options)
+            data = load_records(write(), cache_dir=config.cache_dir or work_dir / "cache", options=options)
         return data, {"data": data.source, "load_seconds": round(time.perf_counter() - start, 2)}
 
     if options.find_max_length:
         for batch_size in batch_sizes:
             num_pairs = 2 * batch_size * accelerator.num_processes  # a warm-up and a timed micro-batch
 
-            def data_of_length(length: int, num_pairs: int = num_pairs) -> PairDataset:
+            def data_of_length(length: int, num_pairs: int = num_pairs) -> RecordSet:
                 return load(lambda: length_pairs(base, length, num_pairs, work_dir, config.seed))[0]
 
             emit(find_max_length(trainer, options, batch_size, data_of_length))
@@ -491,7 +491,7 @@ def main() -> None:
 
 
 def find_max_length(
-    trainer: Trainer, options: Options, batch_size: int, data_of_length: Callable[[int], PairDataset]
+    trainer: Trainer, options: Options, batch_size: int, data_of_length: Callable[[int], RecordSet]
 ) -> dict:
     """Double L from the first of `--lengths` (default 1000) until a step runs out of memory or over the
     budget, then bisect to within 2%. Each trial: one warm-up and one timed micro-batch."""

@@ -4,20 +4,21 @@
     python scripts/benchmark_data.py --num_structures 10000 --num_pairs 1000000 --processes 1 2
     python scripts/benchmark_data.py --loader --lengths 150 600 --dataloader_num_workers 0 1 2
 
-Example files: structures/s on a first (parsing) run of `load_pairs` and on a cached run.
+Example files: structures/s on a first (parsing) run of `load_records` and on a cached run.
 
 Scale (`--num_structures`, `--num_pairs`): WORK_DIR/scale-S-P/ holds S structure files, hard links of the 26
 chains of the example pairs (84-173 residues) under other names, so each is parsed, and P pairs of random
-sequences spread evenly over them. For each number of processes, `torchrun` starts the script's worker,
-which does what the trainer does before its first step: `load_data` (rank 0 validates the records and parses
-the structures into the Arrow cache; the other ranks read the cache), the length-grouped DataLoader, its
-first batch. Each is launched twice: with an empty cache (first start), then again (cached start). One JSON
-line per launch: seconds from launch to the first batch; per rank, seconds in `load_data`, peak resident
-memory (`peak_rss_mb`, and of the processes that parsed, `parse_workers_peak_rss_mb`), and resident memory at
-the first batch split into private memory (`rss_private_mb`: Python objects, arrays) and pages of files
-(`rss_file_mb`: the memory-mapped tables, shared by the ranks); the cache's size on disk.
+sequences spread evenly over them (`--num_pairs 0`: one structure record per file, as SFT trains on). For
+each number of processes, `torchrun` starts the script's worker, which does what the trainer does before its
+first step: `load_data` (rank 0 validates the records and parses the structures into the Arrow cache; the
+other ranks read the cache), the length-grouped DataLoader, its first batch. Each is launched twice: with an
+empty cache (first start), then again (cached start). One JSON line per launch: seconds from launch to the
+first batch; per rank, seconds in `load_data`, peak resident memory (`peak_rss_mb`, and of the processes that
+parsed, `parse_workers_peak_rss_mb`), and resident memory at the first batch split into private memory
+(`rss_private_mb`: Python objects, arrays) and pages of files (`rss_file_mb`: the memory-mapped tables, shared
+by the ranks); the cache's size on disk.
 
-Loader (`--loader`): the collated batches of `PreferenceDataset` (no model) of each length L in residues
+Loader (`--loader`): the collated batches of `ExampleDataset` (no model) of each length L in residues
 (`--lengths`; the complex 1BD2 cut after L residues, every chain designed, random sequences) in pairs/s, with
 each number of DataLoader workers (0: in the training process).
 """
@@ -38,8 +39,8 @@ from pathlib import Path
 import datasets
 from torch.utils.data import DataLoader
 
-from dpo_inv.data.batches import LengthGroupedSampler, PreferenceDataset, collate
-from dpo_inv.data.dataset import load_pairs
+from dpo_inv.data.batches import ExampleDataset, LengthGroupedSampler, collate
+from dpo_inv.data.dataset import load_records
 from dpo_inv.structures.parse import AMINO_ACIDS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -59,9 +60,10 @@ def folder_mb(folder: Path) -> float:
 
 
 def scale_data(work_dir: Path, num_structures: int, num_pairs: int) -> Path:
-    """The structures and pairs of the scale mode (made once), as a pairs file."""
+    """The structures and pairs of the scale mode (made once), as a pairs file; with no pairs, a file of
+    structure records (what SFT trains on), one per structure."""
     folder = work_dir / f"scale-{num_structures}-{num_pairs}"
-    pairs_file = folder / "pairs.jsonl"
+    pairs_file = folder / ("pairs.jsonl" if num_pairs else "structures.jsonl")
     if pairs_file.is_file():
         return pairs_file
     chains = set()
@@ -87,6 +89,10 @@ def scale_data(work_dir: Path, num_structures: int, num_pairs: int) -> Path:
     rng = random.Random(0)
     tmp = pairs_file.with_suffix(".tmp")
     with open(tmp, "w") as handle:
+        if not num_pairs:
+            for structure in structures:
+                record = {"pdb_file": structure["pdb_file"], "chain_id": structure["chain_id"]}
+                handle.write(json.dumps(record) + "\n")
         for i in range(num_pairs):
             structure = structures[i % num_structures]
             chosen, rejected = ("".join(rng.choices(AMINO_ACIDS, k=structure["length"])) for _ in range(2))
@@ -108,6 +114,7 @@ def worker(args: argparse.Namespace) -> None:
     config = DPOConfig(
         output_dir=str(args.work_dir / "output"),
         train_file=str(args.train_file),
+        loss_type=["sft"] if args.train_file.name == "structures.jsonl" else ["sigmoid"],
         cache_dir=str(args.cache_dir),
         dataset_num_proc=args.dataset_num_proc,
         report_to="none",
@@ -116,7 +123,7 @@ def worker(args: argparse.Namespace) -> None:
     start = time.perf_counter()
     data = load_data(accelerator, config)
     load_seconds = time.perf_counter() - start
-    dataset = PreferenceDataset(data.train)
+    dataset = ExampleDataset(data.train)
     global_batch = config.per_device_train_batch_size * accelerator.num_processes
     sampler = LengthGroupedSampler(dataset.lengths, global_batch, config.seed)
     loader = accelerator.prepare(
@@ -134,7 +141,7 @@ def worker(args: argparse.Namespace) -> None:
     }
     ranks = gather_object([rank])
     if accelerator.is_main_process:
-        pairs = len(data.train.pairs) + (len(data.eval.pairs) if data.eval else 0)
+        pairs = len(data.train.records) + (len(data.eval.records) if data.eval else 0)
         print(json.dumps({"at_first_batch": time.time(), "pairs": pairs,
                           "structures": len(data.train.structures), "ranks": ranks}))  # fmt: skip
 
@@ -172,8 +179,8 @@ def loader(args: argparse.Namespace) -> None:
     base = ROOT / "data" / "structures" / "1BD2.cif.gz"
     for length in args.lengths:
         pairs_file = length_pairs(base, length, args.loader_pairs, args.work_dir, seed=0)
-        data = load_pairs(pairs_file, cache_dir=args.work_dir / "cache-loader")
-        dataset = PreferenceDataset(data)
+        data = load_records(pairs_file, cache_dir=args.work_dir / "cache-loader")
+        dataset = ExampleDataset(data)
         for workers in args.dataloader_num_workers:
             batches = DataLoader(
                 dataset, args.batch_size, shuffle=True, collate_fn=collate, num_workers=workers
@@ -196,12 +203,12 @@ def example(args: argparse.Namespace) -> None:
         for run in ("first", "cached"):
             start = time.perf_counter()
             loaded = [
-                load_pairs(path, cache_dir=cache_dir, num_proc=args.dataset_num_proc) for path in args.data
+                load_records(path, cache_dir=cache_dir, num_proc=args.dataset_num_proc) for path in args.data
             ]
             seconds = time.perf_counter() - start
             structures = sum(len(d.structures) for d in loaded)
             result.update({
-                "pairs": sum(len(d.pairs) for d in loaded),
+                "pairs": sum(len(d.records) for d in loaded),
                 "structures": structures,
                 f"{run}_seconds": round(seconds, 3),
                 f"{run}_structures_per_second": round(structures / seconds, 1),
@@ -217,7 +224,9 @@ def main() -> None:
     parser.add_argument("--dataset_num_proc", type=int, default=None,
                         help="processes parsing structures (default: one per CPU)")  # fmt: skip
     parser.add_argument("--num_structures", type=int, help="scale mode: structure files")
-    parser.add_argument("--num_pairs", type=int, default=1_000_000, help="scale mode: pairs")
+    parser.add_argument(
+        "--num_pairs", type=int, default=1_000_000, help="scale mode: pairs (0: structure records)"
+    )
     parser.add_argument(
         "--processes", type=int, nargs="+", default=[1, 2], help="scale mode: ranks per launch"
     )

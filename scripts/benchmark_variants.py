@@ -22,8 +22,8 @@ import datasets
 import torch
 from torch.utils.data import Subset
 
-from dpo_inv.data.batches import PreferenceDataset
-from dpo_inv.data.dataset import SEQUENCE_FIELDS, load_pairs
+from dpo_inv.data.batches import ExampleDataset
+from dpo_inv.data.dataset import VARIANTS, load_records
 from dpo_inv.models.variants import conditional_deltas
 from dpo_inv.models.weights import load_model
 from dpo_inv.structures.parse import ALPHABET
@@ -79,7 +79,7 @@ def main() -> None:
     args.work_dir.mkdir(parents=True, exist_ok=True)
     path = args.work_dir / "single_mutants.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in records))
-    dataset = PreferenceDataset(load_pairs(path, args.work_dir / "cache", fields=SEQUENCE_FIELDS))
+    dataset = ExampleDataset(load_records(path, args.work_dir / "cache", kind=VARIANTS))
     model = load_model(args.model).eval()
     device = torch.device("cpu")
     common = {

@@ -42,7 +42,7 @@ import torch
 
 from dpo_inv.data.batches import collate
 from dpo_inv.data.measurements import Measurement, read_measurements
-from dpo_inv.data.records import load_records
+from dpo_inv.data.records import read_records
 from dpo_inv.models.mpnn import ProteinMPNN
 from dpo_inv.models.weights import load_model
 from dpo_inv.structures.parse import ALPHABET
@@ -124,14 +124,14 @@ def scan_problems(path: Path, args: argparse.Namespace, model: ProteinMPNN, adap
         structure, chain = args.structure, args.chain_id
         if structure is None:
             reference = {
-                r.data["DMS_filename"]: r.data for r in load_records(str(path.parent / "reference.csv"))
+                r.data["DMS_filename"]: r.data for r in read_records(str(path.parent / "reference.csv"))
             }
             entry = reference[path.name]
             structure, chain = str(path.parent / entry["pdb_file"]), entry.get("chain_id") or "A"
         rows = read_measurements(path, args.value_field)
         return [problem(path.stem, structure, chain, rows, model, adapt, "rank")]
     by_structure: dict[str, list] = {}
-    for record in load_records(str(path)):
+    for record in read_records(str(path)):
         by_structure.setdefault(record.data["pdb_file"], []).append(record)
     problems = []
     for pdb_file, records in sorted(by_structure.items()):

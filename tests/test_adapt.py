@@ -10,8 +10,8 @@ import pytest
 import torch
 from conftest import ROOT, stability_rows
 
-from dpo_inv.data.batches import PreferenceDataset, collate
-from dpo_inv.data.dataset import SEQUENCE_FIELDS, load_pairs
+from dpo_inv.data.batches import ExampleDataset, collate
+from dpo_inv.data.dataset import VARIANTS, load_records
 from dpo_inv.models.variants import conditional_head, conditional_log_probs, conditional_states, spearman
 from dpo_inv.models.weights import load_model
 from dpo_inv.structures.parse import ALPHABET
@@ -88,8 +88,8 @@ def test_ridge_matches_the_normal_equations_with_an_unpenalised_score():
 
 
 def test_conditional_head_equals_the_conditional_estimator(tmp_path):
-    data = load_pairs(write(tmp_path / "v.jsonl", domain_rows(3)), tmp_path / "cache", fields=SEQUENCE_FIELDS)
-    batch = collate([PreferenceDataset(data)[0]])
+    data = load_records(write(tmp_path / "v.jsonl", domain_rows(3)), tmp_path / "cache", kind=VARIANTS)
+    batch = collate([ExampleDataset(data)[0]])
     model = load_model("vanilla/v_48_020")
     positions = list(range(48))
     for seed in (None, 7):

@@ -21,7 +21,7 @@ from test_train import env
 
 import dpo_inv
 from dpo_inv import cli
-from dpo_inv.data.dataset import load_pairs
+from dpo_inv.data.dataset import load_records
 from dpo_inv.models.variants import spearman
 from dpo_inv.tools.adapt import AdaptConfig
 from dpo_inv.tools.pairs import PairsConfig, pairs_file
@@ -76,10 +76,10 @@ def test_the_functions_default_to_what_the_commands_default_to():
 
 def test_records_in_memory_load_as_the_file_does(tmp_path):
     rows = records(PAIRS)[:6]
-    expected = load_pairs(PAIRS, tmp_path / "cache").pairs.to_dict()
+    expected = load_records(PAIRS, tmp_path / "cache").records.to_dict()
     expected = {name: column[:6] for name, column in expected.items()}
     for data in (rows, pd.DataFrame(rows), datasets.Dataset.from_list(rows)):
-        assert load_pairs(data, tmp_path / "cache").pairs.to_dict() == expected, type(data).__name__
+        assert load_records(data, tmp_path / "cache").records.to_dict() == expected, type(data).__name__
     bad = pd.DataFrame(rows, index=range(10, 16))
     bad.loc[12, "preferred_seq"] = "ACDZ"
     bad.loc[14, "pdb_file"] = "missing.pdb"

@@ -16,7 +16,7 @@ from conftest import ROOT
 from test_distributed import free_port
 from test_train import env, metrics
 
-from dpo_inv.data.dataset import load_pairs
+from dpo_inv.data.dataset import load_records
 from dpo_inv.data.records import DataError
 from dpo_inv.training.config import EXIT_BAD_INPUT
 
@@ -78,21 +78,21 @@ def options(case: str) -> tuple[str, ...]:
 def test_each_bad_record_is_one_line_naming_file_record_problem_and_fix(case, cache_dir):
     roots = [STRUCTURES] if case == "outside_root" else ()
     with pytest.raises(DataError) as err:
-        load_pairs(BAD / f"{case}.jsonl", cache_dir, structure_roots=roots)
+        load_records(BAD / f"{case}.jsonl", cache_dir, structure_roots=roots)
     assert str(err.value) == expected(case)
     # skipped instead, the good first record remains
-    data = load_pairs(BAD / f"{case}.jsonl", cache_dir, structure_roots=roots, on_bad_record="skip")
-    assert len(data.pairs) == 1 and [str(bad) for bad in data.skipped] == [expected(case)]
+    data = load_records(BAD / f"{case}.jsonl", cache_dir, structure_roots=roots, on_bad_record="skip")
+    assert len(data.records) == 1 and [str(bad) for bad in data.skipped] == [expected(case)]
 
 
 def test_the_outside_record_is_fine_without_structure_root(cache_dir):
-    assert len(load_pairs(BAD / "outside_root.jsonl", cache_dir).pairs) == 2
+    assert len(load_records(BAD / "outside_root.jsonl", cache_dir).records) == 2
 
 
 def test_an_empty_data_file(cache_dir):
     path, message = EMPTY
     with pytest.raises(DataError, match="^" + message.replace("(", r"\(").replace(")", r"\)") + "$"):
-        load_pairs(path, cache_dir, on_bad_record="skip")
+        load_records(path, cache_dir, on_bad_record="skip")
 
 
 def any_column(line: str) -> str:
@@ -115,7 +115,7 @@ def combined(tmp_path: Path) -> tuple[Path, list[str]]:
 def test_all_bad_records_are_reported_at_once(tmp_path, cache_dir):
     path, bad = combined(tmp_path)
     with pytest.raises(DataError) as err:
-        load_pairs(path, cache_dir, structure_roots=[STRUCTURES])
+        load_records(path, cache_dir, structure_roots=[STRUCTURES])
     assert [any_column(line) for line in str(err.value).splitlines()] == [
         any_column(f"{path}:{2 * i + 2}: {reason}") for i, reason in enumerate(bad)
     ]
@@ -227,7 +227,7 @@ PAIR = {"preferred_seq": "ACD", "unpreferred_seq": "ACE"}
 def test_no_structure_parses_reports_every_record(tmp_path, on_bad_record):
     path = all_bad(tmp_path, PAIR)
     with pytest.raises(DataError) as raised:
-        load_pairs(path, tmp_path / "cache", on_bad_record=on_bad_record)
+        load_records(path, tmp_path / "cache", on_bad_record=on_bad_record)
     lines = str(raised.value).splitlines()
     assert [line.split(": ")[0] for line in lines[:3]] == [f"{path}:{i}" for i in (1, 2, 3)]
     assert "empty file" in lines[1] and "_atom_site.id missing" in lines[2]

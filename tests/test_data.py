@@ -12,8 +12,8 @@ import torch
 from conftest import SHARED_DATA, STRUCTURES
 
 import dpo_inv.data.featurized as featurized
-from dpo_inv.data.batches import BATCH_STRUCTURE_KEYS, LengthGroupedSampler, PreferenceDataset, collate
-from dpo_inv.data.dataset import SEQUENCE_FIELDS, PairDataset, load_pairs
+from dpo_inv.data.batches import BATCH_STRUCTURE_KEYS, ExampleDataset, LengthGroupedSampler, collate
+from dpo_inv.data.dataset import VARIANTS, RecordSet, load_records
 from dpo_inv.data.featurized import MIN_STRUCTURES_PER_PROCESS, build_structures, parse_processes
 from dpo_inv.data.records import DataError
 from dpo_inv.structures.parse import ALPHABET
@@ -48,11 +48,11 @@ def parse_count(monkeypatch):
 
 
 def test_shared_train_file(cache_dir, parse_count):
-    dataset = load_pairs(TRAIN, cache_dir=cache_dir)
-    assert len(dataset.pairs) == 146
+    dataset = load_records(TRAIN, cache_dir=cache_dir)
+    assert len(dataset.records) == 146
     assert len(dataset.structures) == 20 == len(parse_count)  # each structure parsed once for 146 pairs
     first = records()[0]
-    row = dataset.pairs[0]
+    row = dataset.records[0]
     assert "".join(ALPHABET[i] for i in row["chosen"]) == first["preferred_seq"]
     assert "".join(ALPHABET[i] for i in row["rejected"]) == first["unpreferred_seq"]
     assert row["weight"] == 1.0 and all(row["mutable"])
@@ -84,21 +84,21 @@ def test_a_cached_start_reads_no_record_and_sees_a_changed_structure(tmp_path, m
     on_copy = sum(r["pdb_file"] == str(structure) for r in rows)
     rows.append({**rows[0], "preferred_seq": "A"})  # of the wrong length: skipped
     data = write_jsonl(tmp_path / "pairs.jsonl", rows)
-    first = load_pairs(data, cache_dir=tmp_path / "cache", on_bad_record="skip")
-    assert len(first.pairs) == len(rows) - 1 and len(first.skipped) == 1
+    first = load_records(data, cache_dir=tmp_path / "cache", on_bad_record="skip")
+    assert len(first.records) == len(rows) - 1 and len(first.skipped) == 1
 
     def unread(*args, **kwargs):
         raise AssertionError("the records were read")
 
     with monkeypatch.context() as patch:
-        patch.setattr("dpo_inv.data.dataset.load_records", unread)
-        cached = load_pairs(data, cache_dir=tmp_path / "cache", on_bad_record="skip")
+        patch.setattr("dpo_inv.data.dataset.read_records", unread)
+        cached = load_records(data, cache_dir=tmp_path / "cache", on_bad_record="skip")
     assert cached.files == first.files and cached.skipped == first.skipped
-    assert cached.pairs.to_dict() == first.pairs.to_dict()
+    assert cached.records.to_dict() == first.records.to_dict()
 
     shutil.copy(STRUCTURES / "2xcjA.pdb.gz", structure)  # another protein under the same name
-    changed = load_pairs(data, cache_dir=tmp_path / "cache", on_bad_record="skip")
-    assert len(changed.pairs) == len(rows) - 1 - on_copy and len(changed.skipped) == 1 + on_copy
+    changed = load_records(data, cache_dir=tmp_path / "cache", on_bad_record="skip")
+    assert len(changed.records) == len(rows) - 1 - on_copy and len(changed.skipped) == 1 + on_copy
     assert all(str(structure) in b.reason for b in changed.skipped[1:])
 
 
@@ -126,9 +126,9 @@ def test_structures_parse_in_parallel_as_in_one_process(tmp_path):
 def test_a_damaged_cache_is_rebuilt_never_read(tmp_path, parse_count, capsys, damage):
     """A killed first run or a full disk leaves a cache table incomplete: it is found, said and rebuilt."""
     cache = tmp_path / "cache"
-    expected = load_pairs(TRAIN, cache_dir=cache)
+    expected = load_records(TRAIN, cache_dir=cache)
     pairs_dir, structures_dir = map(Path, expected.files)
-    expected_pairs, expected_structures = expected.pairs.to_dict(), expected.structures.to_dict()
+    expected_pairs, expected_structures = expected.records.to_dict(), expected.structures.to_dict()
     del expected
     arrow = next(pairs_dir.glob("*.arrow"))
     if damage == "truncated":
@@ -143,13 +143,13 @@ def test_a_damaged_cache_is_rebuilt_never_read(tmp_path, parse_count, capsys, da
     else:  # the structures table renamed into place by hand without its last file
         (structures_dir / "dpo_inv_files.json").unlink()
     capsys.readouterr()
-    reloaded = load_pairs(TRAIN, cache_dir=cache)
+    reloaded = load_records(TRAIN, cache_dir=cache)
     note = capsys.readouterr().out
     assert "is damaged" in note and "building it again" in note
-    assert reloaded.pairs.to_dict() == expected_pairs
+    assert reloaded.records.to_dict() == expected_pairs
     assert reloaded.structures.to_dict() == expected_structures
     assert len(parse_count) == 20 * (2 if damage == "half_written" else 1)
-    load_pairs(TRAIN, cache_dir=cache)
+    load_records(TRAIN, cache_dir=cache)
     assert "damaged" not in capsys.readouterr().out  # rebuilt whole
 
 
@@ -161,9 +161,9 @@ def test_formats_give_identical_pairs(tmp_path, cache_dir):
     table = datasets.Dataset.from_list(rows)
     table.to_csv(tmp_path / "pairs.csv", index=False)
     table.to_parquet(tmp_path / "pairs.parquet")
-    expected = load_pairs(jsonl, cache_dir=cache_dir).pairs.to_dict()
+    expected = load_records(jsonl, cache_dir=cache_dir).records.to_dict()
     for name in ("pairs.json", "pairs.csv", "pairs.parquet"):
-        assert load_pairs(tmp_path / name, cache_dir=cache_dir).pairs.to_dict() == expected, name
+        assert load_records(tmp_path / name, cache_dir=cache_dir).records.to_dict() == expected, name
 
 
 def test_aliases_chains_mutable_and_weight(tmp_path, cache_dir):
@@ -183,15 +183,15 @@ def test_aliases_chains_mutable_and_weight(tmp_path, cache_dir):
         {**{k: v for k, v in hvr.items() if k not in ("design_chains", "fixed_chains")}, "chain_id": "B"},
         {k: v for k, v in hvr.items() if k not in ("design_chains", "fixed_chains")},  # first chain designed
     ]
-    dataset = load_pairs(write_jsonl(tmp_path / "p.jsonl", rows), cache_dir=cache_dir)
-    assert [r for r in dataset.pairs["weight"]] == [2.5, 1.0, 1.0, 1.0]
-    assert np.flatnonzero(dataset.pairs[0]["mutable"]).tolist() == [0, 5, 97]
-    assert np.flatnonzero(dataset.pairs[1]["mutable"]).tolist() == [3, 4, 5, 10]
+    dataset = load_records(write_jsonl(tmp_path / "p.jsonl", rows), cache_dir=cache_dir)
+    assert [r for r in dataset.records["weight"]] == [2.5, 1.0, 1.0, 1.0]
+    assert np.flatnonzero(dataset.records[0]["mutable"]).tolist() == [0, 5, 97]
+    assert np.flatnonzero(dataset.records[1]["mutable"]).tolist() == [3, 4, 5, 10]
     structures = dataset.structures
     assert structures["design_chains"] == [["A"], ["B"], ["A"]]
     assert structures["fixed_chains"] == [["B"], [], []]
     assert structures["length"] == [196, 98, 98] and structures["num_designed"] == [98, 98, 98]
-    batch = collate([PreferenceDataset(dataset)[i] for i in range(4)])
+    batch = collate([ExampleDataset(dataset)[i] for i in range(4)])
     assert batch["loss_mask"].sum(1).tolist() == [3, 4, 98, 98]
     assert batch["decode_mask"][0, 98:].sum() == 0 and batch["mask"][0].sum() == 196
     assert batch["weight"].tolist() == [2.5, 1.0, 1.0, 1.0]
@@ -203,12 +203,12 @@ def test_relative_paths_resolve_against_the_data_files_folder(tmp_path, cache_di
     shutil.copytree(STRUCTURES, tmp_path / "project" / "structures")
     path = write_jsonl(folder / "train.jsonl", records()[:3])  # paths are ../structures/...
     monkeypatch.chdir(tmp_path)
-    dataset = load_pairs(path, cache_dir=cache_dir)
+    dataset = load_records(path, cache_dir=cache_dir)
     assert dataset.structures["path"] == [str(tmp_path / "project" / "structures" / "1bvyF.pdb.gz")]
 
 
 def test_collate_pads_and_masks(cache_dir):
-    dataset = PreferenceDataset(load_pairs(SHARED_DATA / "val.jsonl", cache_dir=cache_dir))
+    dataset = ExampleDataset(load_records(SHARED_DATA / "val.jsonl", cache_dir=cache_dir))
     examples = [dataset[0], dataset[30]]
     lengths = [len(e["mask"]) for e in examples]
     batch = collate(examples)
@@ -226,11 +226,11 @@ def test_collate_pads_and_masks(cache_dir):
 def test_a_batch_read_at_once_holds_the_rows(cache_dir):
     """`__getitems__` (what a DataLoader calls) gives each pair's row and its structure's, through a
     selection of the pairs too (as an eval split makes)."""
-    data = load_pairs(TRAIN, cache_dir=cache_dir)
+    data = load_records(TRAIN, cache_dir=cache_dir)
     chosen = [140, 3, 77, 12, 12]
-    selected = PairDataset(data.pairs.select(chosen), data.structures, data.source)
-    pairs, structures = data.pairs.with_format("numpy"), data.structures.with_format("numpy")
-    examples = PreferenceDataset(selected).__getitems__([4, 0, 2])
+    selected = RecordSet(data.records.select(chosen), data.structures, data.source)
+    pairs, structures = data.records.with_format("numpy"), data.structures.with_format("numpy")
+    examples = ExampleDataset(selected).__getitems__([4, 0, 2])
     assert [e["index"] for e in examples] == [4, 0, 2]
     for example, row in zip(examples, [12, 140, 77], strict=True):
         expected = {**structures[int(pairs[row]["structure_id"])], **pairs[row]}
@@ -241,7 +241,7 @@ def test_a_batch_read_at_once_holds_the_rows(cache_dir):
 
 
 def test_length_grouped_sampler_reduces_padding_and_is_reproducible(cache_dir):
-    dataset = PreferenceDataset(load_pairs(TRAIN, cache_dir=cache_dir))
+    dataset = ExampleDataset(load_records(TRAIN, cache_dir=cache_dir))
     sampler = LengthGroupedSampler(dataset.lengths, batch_size=8, seed=0)
     order = list(sampler)
     assert sorted(order) == list(range(len(dataset)))
@@ -262,7 +262,7 @@ def test_length_grouped_sampler_reduces_padding_and_is_reproducible(cache_dir):
 
 def bad(tmp_path, rows, cache_dir) -> str:
     with pytest.raises(DataError) as err:
-        load_pairs(write_jsonl(tmp_path / "bad.jsonl", rows), cache_dir=cache_dir)
+        load_records(write_jsonl(tmp_path / "bad.jsonl", rows), cache_dir=cache_dir)
     return str(err.value)
 
 
@@ -307,7 +307,7 @@ def test_malformed_lines_and_empty_datasets(tmp_path, cache_dir):
     path = tmp_path / "broken.jsonl"
     path.write_text(f'{row}\n\n{row}\n{{"pdb_file": \n[1, 2]\n')
     with pytest.raises(DataError) as err:
-        load_pairs(path, cache_dir=cache_dir)
+        load_records(path, cache_dir=cache_dir)
     assert str(err.value).splitlines() == [
         f"{path}:4: malformed JSON (Expecting value at column 14); fix the line",
         f"{path}:5: expected a JSON object, got list; write one object per line",
@@ -315,9 +315,9 @@ def test_malformed_lines_and_empty_datasets(tmp_path, cache_dir):
     for name, text in (("empty.jsonl", ""), ("empty.json", "[]"), ("blank.jsonl", "\n\n"), ("empty.csv", "")):
         (tmp_path / name).write_text(text)
         with pytest.raises(DataError, match=rf"{name}: (empty dataset \(no records\)|cannot read csv)"):
-            load_pairs(tmp_path / name, cache_dir=cache_dir)
+            load_records(tmp_path / name, cache_dir=cache_dir)
     with pytest.raises(DataError, match=r"absent\.jsonl: data file not found"):
-        load_pairs(tmp_path / "absent.jsonl", cache_dir=cache_dir)
+        load_records(tmp_path / "absent.jsonl", cache_dir=cache_dir)
 
 
 def test_json_list_and_csv_problems_name_the_record_or_line(tmp_path, cache_dir):
@@ -325,19 +325,19 @@ def test_json_list_and_csv_problems_name_the_record_or_line(tmp_path, cache_dir)
     path = tmp_path / "pairs.json"
     path.write_text(json.dumps([row, "not an object", {**row, "preferred_seq": "ACD"}]))
     with pytest.raises(DataError) as err:
-        load_pairs(path, cache_dir=cache_dir)
+        load_records(path, cache_dir=cache_dir)
     assert str(err.value).splitlines()[0] == f"{path} record 1: expected a JSON object, got str"
     assert str(err.value).splitlines()[1].startswith(f"{path} record 2: preferred_seq has length 3")
     path.write_text(json.dumps([row]).replace('"chain_id"', '"pdb_file": "x.pdb", "chain_id"'))
     with pytest.raises(DataError, match=rf"^{path}: duplicate key 'pdb_file' in one object"):
-        load_pairs(path, cache_dir=cache_dir)
+        load_records(path, cache_dir=cache_dir)
     csv = tmp_path / "pairs.csv"
     csv.write_text("pdb_file,preferred_seq,preferred_seq\na.pdb,A,A\n")
     with pytest.raises(DataError, match=rf"^{csv}:1: duplicate column 'preferred_seq'$"):
-        load_pairs(csv, cache_dir=cache_dir)
+        load_records(csv, cache_dir=cache_dir)
     csv.write_bytes(b"pdb_file,preferred_seq,unpreferred_seq\na.pdb,A,A\nb\xff.pdb,A,A\n")
     with pytest.raises(DataError, match=rf"^{csv}:3: not UTF-8 text \(byte 0xff at column 2\)"):
-        load_pairs(csv, cache_dir=cache_dir)
+        load_records(csv, cache_dir=cache_dir)
 
 
 def test_many_bad_records_are_reported_together_up_to_a_limit(tmp_path, cache_dir):
@@ -352,7 +352,7 @@ def test_a_field_every_record_lacks_is_one_line(tmp_path, cache_dir):
     scan = tmp_path / "scan.csv"
     scan.write_text("mutant,sequence,DMS_score\n" + "".join(f"A{i}G,ACDE,{i}\n" for i in range(1, 30)))
     with pytest.raises(DataError) as err:
-        load_pairs(scan, cache_dir=cache_dir, fields=SEQUENCE_FIELDS)
+        load_records(scan, cache_dir=cache_dir, kind=VARIANTS)
     assert str(err.value) == (
         f"{scan}: every one of its 29 records: missing required field pdb_file (alias structure): the "
         "structure file's path; for a file that names none (ProteinGym's layout), give it once: --structure "

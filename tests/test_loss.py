@@ -6,8 +6,8 @@ import pytest
 import torch
 from conftest import SHARED_DATA
 
-from dpo_inv.data.batches import PreferenceDataset, collate
-from dpo_inv.data.dataset import load_pairs
+from dpo_inv.data.batches import ExampleDataset, collate
+from dpo_inv.data.dataset import load_records
 from dpo_inv.models.mpnn import decoding_ranks, sequence_log_probs
 from dpo_inv.models.weights import load_model
 from dpo_inv.training.config import DPOConfig
@@ -76,8 +76,8 @@ def test_unknown_loss_type():
 
 @pytest.mark.slow
 def test_pair_logps_sum_loss_positions_and_average_orders():
-    data = load_pairs(SHARED_DATA / "multichain.jsonl")
-    batch = collate([PreferenceDataset(data)[i] for i in (0, 1)])  # 1hvr (A designed, B fixed), 1BD2 peptide
+    data = load_records(SHARED_DATA / "multichain.jsonl")
+    batch = collate([ExampleDataset(data)[i] for i in (0, 1)])  # 1hvr (A designed, B fixed), 1BD2 peptide
     batch["loss_mask"][0, 10:20] = 0  # as if only some positions were mutable
     model = load_model("vanilla/v_48_020")
     ranks = decoding_ranks(batch["decode_mask"], batch["mask"], [1, 2], num_orders=2)
@@ -109,8 +109,8 @@ def test_pair_logps_sum_loss_positions_and_average_orders():
 
 @pytest.mark.slow
 def test_anchor_kl_is_the_reference_to_policy_kl_outside_the_scored_positions():
-    data = load_pairs(SHARED_DATA / "multichain.jsonl")
-    batch = collate([PreferenceDataset(data)[i] for i in (0, 1)])
+    data = load_records(SHARED_DATA / "multichain.jsonl")
+    batch = collate([ExampleDataset(data)[i] for i in (0, 1)])
     batch["loss_mask"][0] = 0
     batch["loss_mask"][0, 5] = 1  # one scored position, as a same-position pair has
     reference, policy = load_model("vanilla/v_48_020"), load_model("vanilla/v_48_020")
@@ -131,8 +131,8 @@ def test_anchor_kl_is_the_reference_to_policy_kl_outside_the_scored_positions():
 
 @pytest.mark.slow
 def test_the_anchor_term_adds_to_the_training_loss():
-    data = load_pairs(SHARED_DATA / "multichain.jsonl")
-    batch = collate([PreferenceDataset(data)[i] for i in (0, 1)])
+    data = load_records(SHARED_DATA / "multichain.jsonl")
+    batch = collate([ExampleDataset(data)[i] for i in (0, 1)])
     reference, policy = load_model("vanilla/v_48_020"), load_model("vanilla/v_48_020")
     with torch.no_grad():
         policy.W_out.bias += torch.linspace(-0.5, 0.5, policy.W_out.bias.numel())

@@ -11,7 +11,7 @@ import pandas
 import pytest
 from conftest import EXAMPLE, ROOT, SHARED
 
-from dpo_inv.data.dataset import load_pairs
+from dpo_inv.data.dataset import load_records
 from dpo_inv.data.records import DataError
 from dpo_inv.tools.pairs import PairsConfig, pairs_file
 
@@ -105,7 +105,7 @@ def test_best_vs_worst_on_the_example_data(tmp_path, cache, min_margin):
     first = pairs[0]
     assert first["chain_id"] == "F" and first["pdb_file"] == rows[0]["pdb_file"]  # absolute stays absolute
     assert "wildtype_seq" not in first and "weight" not in first and "mutable_positions" not in first
-    assert len(load_pairs(output, cache).pairs) == len(pairs)
+    assert len(load_records(output, cache).records) == len(pairs)
 
 
 def test_best_vs_worst_ties_duplicates_and_lower_is_better(tmp_path, cache):
@@ -202,12 +202,12 @@ def test_same_position_on_single_mutants(tmp_path, cache, monkeypatch):
         assert (p["preferred_seq"] == wildtype) == (index[mutant]["score"] < 0)
 
     monkeypatch.chdir(tmp_path / "in")  # the trainer reads them, from another working folder
-    loaded = load_pairs(tmp_path / "out" / "pairs.jsonl", cache)
-    assert len(loaded.pairs) == len(with_wildtype)
-    assert [int(np.flatnonzero(m)[0]) for m in loaded.pairs["mutable"]] == [
+    loaded = load_records(tmp_path / "out" / "pairs.jsonl", cache)
+    assert len(loaded.records) == len(with_wildtype)
+    assert [int(np.flatnonzero(m)[0]) for m in loaded.records["mutable"]] == [
         p["mutable_positions"][0] for p in with_wildtype
     ]
-    assert all(sum(m) == 1 for m in loaded.pairs["mutable"])
+    assert all(sum(m) == 1 for m in loaded.records["mutable"])
 
 
 def test_same_position_needs_single_mutants(tmp_path, cache):
@@ -351,4 +351,4 @@ def test_structure_paths_stay_absolute_or_become_relative_to_the_output(tmp_path
         output = tmp_path / "out" / "deep" / "pairs.jsonl"
         pairs_file(PairsConfig(output=str(output), data=str(data), cache_dir=str(cache)))
         assert [pair["pdb_file"] for pair in read(output)] == [expected]
-        assert len(load_pairs(str(output), str(cache)).pairs) == 1  # readable where it was written
+        assert len(load_records(str(output), str(cache)).records) == 1  # readable where it was written

@@ -12,8 +12,8 @@ import torch
 from conftest import EXAMPLE, ROOT
 
 from dpo_inv.cli import run as run_command
-from dpo_inv.data.batches import PreferenceDataset, collate, structure_inputs
-from dpo_inv.data.dataset import SEQUENCE_FIELDS, load_pairs
+from dpo_inv.data.batches import ExampleDataset, collate, structure_inputs
+from dpo_inv.data.dataset import VARIANTS, load_records
 from dpo_inv.models.combinations import Slots, joint_deltas, joint_plan, joint_slots, rotations, slot_head
 from dpo_inv.models.variants import conditional_deltas, spearman
 from dpo_inv.models.weights import load_model
@@ -47,11 +47,11 @@ def test_joint_equals_conditional_on_singles_and_the_decoder_on_combinations(mod
         for p in rng.choice(len(wildtype), m, replace=False):
             sequence[p] = "W" if wildtype[p] != "W" else "A"
         combinations.append({**singles[0], "sequence": "".join(sequence)})
-    dataset = PreferenceDataset(load_pairs(singles + combinations, fields=SEQUENCE_FIELDS))
+    dataset = ExampleDataset(load_records(singles + combinations, kind=VARIANTS))
     additive = conditional_deltas(model, dataset, torch.device("cpu"))
     batch = collate([dataset[0]])
     W = batch["rejected"][0].numpy()
-    V = np.stack([np.asarray(dataset.pairs[i]["chosen"]) for i in range(len(dataset))])
+    V = np.stack([np.asarray(dataset.records[i]["chosen"]) for i in range(len(dataset))])
     plan = joint_plan(W, V, np.arange(len(W)), model.config.vocab_size)
     with torch.no_grad():
         enc = model.encode(**structure_inputs(batch))
@@ -81,9 +81,9 @@ def test_adapt_trains_combinations_on_the_joint_score(model):
     and training on labels (the sum of the measured singles' stabilities) moves them toward the labels."""
     doubles = double_mutants(labelled(), 36)
     labels = [row["label"] for row in doubles]
-    dataset = PreferenceDataset(load_pairs(doubles, fields=SEQUENCE_FIELDS))
+    dataset = ExampleDataset(load_records(doubles, kind=VARIANTS))
     batch = collate([dataset[0]])
-    V = np.stack([np.asarray(dataset.pairs[i]["chosen"]) for i in range(len(dataset))])
+    V = np.stack([np.asarray(dataset.records[i]["chosen"]) for i in range(len(dataset))])
     W = batch["rejected"][0].numpy()
     variants = variant_set(model, batch, V, np.array(labels), None)
     assert isinstance(variants.states, Slots) and (V != W).sum(1).min() == 2

@@ -23,8 +23,8 @@ from torch.utils.data import DataLoader
 
 import dpo_inv.data.featurized
 import dpo_inv.structures.parse
-from dpo_inv.data.batches import LengthGroupedSampler, PreferenceDataset, collate
-from dpo_inv.data.dataset import load_pairs
+from dpo_inv.data.batches import ExampleDataset, LengthGroupedSampler, collate
+from dpo_inv.data.dataset import load_records
 from dpo_inv.models.mpnn import ProteinMPNN
 from dpo_inv.models.weights import load_model
 from dpo_inv.training.config import DPOConfig
@@ -41,7 +41,7 @@ CONFIG = DPOConfig(model_name_or_path=POLICY, ref_model_name_or_path=REFERENCE)
 def data(tmp_path_factory):
     """16 real pairs on two ~85-residue chains (2xcjA, 1lpbA)."""
     folder = tmp_path_factory.mktemp("speed")
-    return load_pairs(small_pairs(folder), cache_dir=folder / "cache")
+    return load_records(small_pairs(folder), cache_dir=folder / "cache")
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +68,7 @@ def accelerator_for():
 
 
 def batch_of(data, indices) -> dict[str, torch.Tensor]:
-    dataset = PreferenceDataset(data)
+    dataset = ExampleDataset(data)
     return collate([dataset[i] for i in indices])
 
 
@@ -113,7 +113,7 @@ def test_dataloader_workers_give_the_same_batches_and_loss(data, policy, referen
     """Two DataLoader workers (with pinned memory on CUDA) give the main process's batches, over two epochs,
     and so its loss."""
     accelerator = accelerator_for(CONFIG)
-    dataset = PreferenceDataset(data)
+    dataset = ExampleDataset(data)
 
     def batches(num_workers: int) -> list[dict[str, torch.Tensor]]:
         loader = DataLoader(
@@ -176,9 +176,9 @@ def test_length_grouped_batches_score_each_pair_as_when_alone(policy, cache_dir)
     """A pair's log-probs do not depend on the batch it lands in nor on its padding: 8 val pairs on six
     chains of 118-169 residues, in batches grouped by length (as LengthGroupedSampler groups them within a
     mega-batch; that it reduces padding is tested in test_data), in mixed batches, and alone."""
-    data = load_pairs(SHARED_DATA / "val.jsonl", cache_dir=cache_dir)
-    data = replace(data, pairs=data.pairs.select([0, 1, 8, 13, 15, 22, 23, 30]))
-    dataset = PreferenceDataset(data)
+    data = load_records(SHARED_DATA / "val.jsonl", cache_dir=cache_dir)
+    data = replace(data, records=data.records.select([0, 1, 8, 13, 15, 22, 23, 30]))
+    dataset = ExampleDataset(data)
     grouped = sorted(range(8), key=lambda i: -dataset.lengths[i])
     mixed = grouped[0::2] + grouped[1::2]
     model = copy.deepcopy(policy).eval()
@@ -244,7 +244,7 @@ def test_precomputed_reference_runs_no_reference_forward_in_training(
     the loss of the on-the-fly reference (the whole training run: test_train)."""
     config = DPOConfig(ref_model_name_or_path=REFERENCE, precompute_ref_log_probs=True, num_decoding_orders=2)
     plain = replace(config, precompute_ref_log_probs=False)
-    data = replace(data, pairs=data.pairs.select([0, 1, 8, 9]))  # both structures
+    data = replace(data, records=data.records.select([0, 1, 8, 9]))  # both structures
     precomputed = precompute_reference(accelerator_for(config), reference, data, config)
     assert encoder_passes["encode"] == [("reference", 4)]  # one eval batch
     encoder_passes["encode"].clear()
@@ -266,16 +266,16 @@ def test_no_structure_is_parsed_after_the_first_load(tmp_path, monkeypatch):
     real = dpo_inv.data.featurized.read_model
     monkeypatch.setattr(dpo_inv.data.featurized, "read_model", lambda path: parsed.append(path) or real(path))
     path, cache = small_pairs(tmp_path), tmp_path / "cache"
-    assert len(load_pairs(path, cache_dir=cache).structures) == len(parsed) == 2
+    assert len(load_records(path, cache_dir=cache).structures) == len(parsed) == 2
 
     def refuse(path):
         raise AssertionError(f"parsed {path} after the first load")
 
     monkeypatch.setattr(dpo_inv.data.featurized, "read_model", refuse)
     monkeypatch.setattr(dpo_inv.structures.parse, "read_model", refuse)
-    data = load_pairs(path, cache_dir=cache)
+    data = load_records(path, cache_dir=cache)
     assert all(f["filename"].startswith(str(cache)) for f in data.structures.cache_files)  # memory-mapped
-    dataset = PreferenceDataset(data)
+    dataset = ExampleDataset(data)
     for num_workers in (0, 2):  # workers are forked with the refusing parser
         sampler = LengthGroupedSampler(dataset.lengths, 4, seed=0)
         loader = DataLoader(

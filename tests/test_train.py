@@ -14,8 +14,8 @@ import torch
 from conftest import EXAMPLE, ROOT, SHARED_DATA, needs_program
 from safetensors.torch import load_file
 
-from dpo_inv.data.batches import PreferenceDataset, collate
-from dpo_inv.data.dataset import load_pairs
+from dpo_inv.data.batches import ExampleDataset, collate
+from dpo_inv.data.dataset import load_records
 from dpo_inv.models.weights import load_model
 from dpo_inv.tools.score import ScoreConfig, score_file
 from dpo_inv.training.config import DPOConfig
@@ -136,7 +136,7 @@ def test_training_learns_the_preference(tmp_path):
     train_file, eval_file = EXAMPLE / "pairs" / "train.jsonl", EXAMPLE / "pairs" / "val.jsonl"
     base = load_model("vanilla/v_48_020")
     config = DPOConfig()
-    data = PreferenceDataset(load_pairs(eval_file, cache_dir=tmp_path / "cache"))
+    data = ExampleDataset(load_records(eval_file, cache_dir=tmp_path / "cache"))
     with torch.no_grad():
         batch = collate([data[i] for i in range(len(data))])
         logps = pair_logps(base, batch, batch_ranks(batch, config.seed, 1, "random"))
@@ -231,10 +231,10 @@ def test_many_passes_and_a_split_that_leaves_few_structures_are_announced(tmp_pa
                             for r in nine))  # fmt: skip
     config = DPOConfig(train_file=str(path), max_steps=100000)
     train, evaluation = split_by_structure(
-        load_pairs(str(path), tmp_path / "cache"), config.eval_split, config.seed
+        load_records(str(path), tmp_path / "cache"), config.eval_split, config.seed
     )
     data = RunData(train, evaluation)
-    steps = Steps.plan(config, math.ceil(len(train.pairs) / config.per_device_train_batch_size))
+    steps = Steps.plan(config, math.ceil(len(train.records) / config.per_device_train_batch_size))
     assert data_notes(config, data, steps) == [
         "100000 optimizer steps pass over the 6 training pairs 100000 times (more than 100), which overfits "
         "them; lower max_steps or give more data",

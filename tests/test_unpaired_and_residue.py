@@ -11,10 +11,11 @@ from conftest import EXAMPLE, SHARED_DATA
 from test_distributed import torchrun
 from test_train import SMALL_STRUCTURES, metrics, run, weights
 
-from dpo_inv.data.batches import PreferenceDataset, collate
-from dpo_inv.data.dataset import LABEL_FIELDS, load_pairs
+from dpo_inv.data.batches import ExampleDataset, collate
+from dpo_inv.data.dataset import LABELLED, load_records
 from dpo_inv.data.records import DataError
 from dpo_inv.models.weights import load_model
+from dpo_inv.structures.parse import ALPHABET
 from dpo_inv.tools.pairs import PairsConfig, pairs_file
 from dpo_inv.tools.rewards import exposed_hydrophobic
 from dpo_inv.tools.score import ScoreConfig, score_file
@@ -86,8 +87,8 @@ def test_kto_metrics_average_each_label_apart():
 
 @pytest.fixture(scope="module")
 def labelled_batch(tmp_path_factory) -> dict[str, torch.Tensor]:
-    data = load_pairs(EXAMPLE / "labels" / "val.jsonl", tmp_path_factory.mktemp("cache"), fields=LABEL_FIELDS)
-    return collate([PreferenceDataset(data)[i] for i in (0, 1, 20)])
+    data = load_records(EXAMPLE / "labels" / "val.jsonl", tmp_path_factory.mktemp("cache"), kind=LABELLED)
+    return collate([ExampleDataset(data)[i] for i in (0, 1, 20)])
 
 
 def test_kl_term_is_the_exact_kl_of_the_per_position_distributions(labelled_batch):
@@ -101,10 +102,10 @@ def test_kl_term_is_the_exact_kl_of_the_per_position_distributions(labelled_batc
         out, ref_logps = kto.sequence_logps(policy, reference, batch, ranks)
         expected_kl, expected_logps = [], []
         for k in range(2):
-            inputs = [batch[k] for k in ("X", "chosen", "mask", "residue_idx", "chain_encoding")]
+            inputs = [batch[k] for k in ("X", "sequence", "mask", "residue_idx", "chain_encoding")]
             p, q = policy(*inputs, ranks[:, k]), reference(*inputs, ranks[:, k])
             expected_kl.append(((p.exp() * (p - q)).sum(-1) * batch["loss_mask"]).sum(-1))
-            token = p.gather(-1, batch["chosen"].unsqueeze(-1)).squeeze(-1)
+            token = p.gather(-1, batch["sequence"].unsqueeze(-1)).squeeze(-1)
             expected_logps.append((token * batch["loss_mask"]).sum(-1))
     torch.testing.assert_close(out.kl, torch.stack(expected_kl).mean(0), atol=1e-3, rtol=1e-4)
     torch.testing.assert_close(out.logps, torch.stack(expected_logps).mean(0), atol=1e-3, rtol=1e-5)
@@ -179,12 +180,20 @@ def test_labelled_sequences_load_with_their_labels(tmp_path, cache_dir):
     common = {"pdb_file": pair["pdb_file"], "chain_id": pair["chain_id"], "sequence": pair["preferred_seq"]}
     labels = [True, False, "True", 1, "0"]
     path = write(tmp_path / "labelled.jsonl", [{**common, "label": label} for label in labels])
-    data = load_pairs(path, cache_dir, fields=LABEL_FIELDS)
-    assert data.pairs["label"] == [1, 0, 1, 1, 0]
-    assert data.pairs["chosen"] == data.pairs["rejected"]
+    data = load_records(path, cache_dir, kind=LABELLED)
+    assert data.records["label"] == [1, 0, 1, 1, 0]
+    assert "".join(ALPHABET[t] for t in data.records["sequence"][0]) == pair["preferred_seq"]
+    assert data.records.column_names == [
+        "structure_id",
+        "sequence",
+        "mutable",
+        "weight",
+        "membrane_labels",
+        "label",
+    ]
     bad = write(tmp_path / "bad.jsonl", [{**common, "label": "yes"}, {**common, "score": 1.0}])
     with pytest.raises(DataError) as err:
-        load_pairs(bad, cache_dir, fields=LABEL_FIELDS)
+        load_records(bad, cache_dir, kind=LABELLED)
     assert str(err.value).splitlines() == [
         f"{bad}:1: label must be true (desirable) or false, got 'yes'",
         f"{bad}:2: missing required field label: true for a desirable sequence, false otherwise",
@@ -202,7 +211,7 @@ def test_residue_scores_are_loaded_and_checked(tmp_path, cache_dir):
         pair,
     ]
     with pytest.raises(DataError) as err:
-        load_pairs(write(tmp_path / "pairs.jsonl", rows), cache_dir, require_residue_scores=True)
+        load_records(write(tmp_path / "pairs.jsonl", rows), cache_dir, require_residue_scores=True)
     lines = str(err.value).splitlines()
     must = f"unpreferred_residue_scores must be a list of {n} finite numbers, one per designed residue, got"
     assert [line.split(": ", 1)[1] for line in lines] == [
@@ -211,10 +220,10 @@ def test_residue_scores_are_loaded_and_checked(tmp_path, cache_dir):
         "missing preferred_residue_scores and unpreferred_residue_scores, which loss_type residpo needs: one "
         "number per designed residue of each sequence",
     ]
-    data = load_pairs(write(tmp_path / "ok.jsonl", [rows[0], pair]), cache_dir)
-    batch = collate([PreferenceDataset(data)[0]])
+    data = load_records(write(tmp_path / "ok.jsonl", [rows[0], pair]), cache_dir)
+    batch = collate([ExampleDataset(data)[0]])
     assert batch["chosen_scores"][0, :n].tolist() == [1.0] * n and batch["rejected_scores"].sum() == 0.5 * n
-    assert "chosen_scores" not in collate([PreferenceDataset(data)[i] for i in (0, 1)])  # the second has none
+    assert "chosen_scores" not in collate([ExampleDataset(data)[i] for i in (0, 1)])  # the second has none
 
 
 def test_labels_from_score_or_quantile(tmp_path, cache_dir):

@@ -10,8 +10,8 @@ import pytest
 import torch
 from conftest import ROOT, STABILITY, STRUCTURES, stability_rows
 
-from dpo_inv.data.batches import PreferenceDataset
-from dpo_inv.data.dataset import SEQUENCE_FIELDS, load_pairs
+from dpo_inv.data.batches import ExampleDataset
+from dpo_inv.data.dataset import VARIANTS, load_records
 from dpo_inv.models.variants import conditional_deltas, spearman, spearman_by_structure
 from dpo_inv.models.weights import load_model
 from dpo_inv.structures.parse import parse_structure
@@ -51,16 +51,14 @@ def test_conditional_equals_full_sequence_with_the_substitution_decoded_last(tmp
 
 def test_all_records_of_a_structure_at_once_and_double_mutants_add_up(tmp_path):
     rows = stability_rows(("2ysf_A_7-40", "2ysh_A_4-40"), 30, stride=3)
-    data = load_pairs(write(tmp_path / "v.jsonl", rows), tmp_path / "cache", fields=SEQUENCE_FIELDS)
+    data = load_records(write(tmp_path / "v.jsonl", rows), tmp_path / "cache", kind=VARIANTS)
     model = load_model("vanilla/v_48_020").eval()
-    dataset = PreferenceDataset(data)
+    dataset = ExampleDataset(data)
     together = conditional_deltas(model, dataset, torch.device("cpu"))
     one_by_one = {}
     for i in range(len(rows)):
-        alone = load_pairs(
-            write(tmp_path / f"{i}.jsonl", [rows[i]]), tmp_path / "cache", fields=SEQUENCE_FIELDS
-        )
-        one_by_one[i] = conditional_deltas(model, PreferenceDataset(alone), torch.device("cpu"))[0]
+        alone = load_records(write(tmp_path / f"{i}.jsonl", [rows[i]]), tmp_path / "cache", kind=VARIANTS)
+        one_by_one[i] = conditional_deltas(model, ExampleDataset(alone), torch.device("cpu"))[0]
     assert together == pytest.approx(one_by_one, abs=1e-4)
 
     # a double mutant scores as the sum of its two single mutants (each decoded last in the wild type)
@@ -69,8 +67,8 @@ def test_all_records_of_a_structure_at_once_and_double_mutants_add_up(tmp_path):
     double[second["position"]] = second["sequence"][second["position"]]
     records = [first, second, {**first, "sequence": "".join(double)},
                {**first, "sequence": first["wildtype_seq"]}]  # fmt: skip
-    data = load_pairs(write(tmp_path / "d.jsonl", records), tmp_path / "cache", fields=SEQUENCE_FIELDS)
-    deltas = conditional_deltas(model, PreferenceDataset(data), torch.device("cpu"))
+    data = load_records(write(tmp_path / "d.jsonl", records), tmp_path / "cache", kind=VARIANTS)
+    deltas = conditional_deltas(model, ExampleDataset(data), torch.device("cpu"))
     assert deltas[2] == pytest.approx(deltas[0] + deltas[1], abs=1e-5)
     assert deltas[3] == 0.0
 

@@ -12,31 +12,31 @@ from torch.utils.data import Dataset as TorchDataset
 from torch.utils.data import Sampler
 from transformers.trainer_pt_utils import get_length_grouped_indices
 
-from dpo_inv.data.dataset import PairDataset, column
+from dpo_inv.data.dataset import SEQUENCE_COLUMNS, RecordSet, column
 from dpo_inv.structures.parse import ALPHABET
 
 
-class PreferenceDataset(TorchDataset):
-    """Map-style dataset of examples: one pair joined with its structure's features. A DataLoader reads
+class ExampleDataset(TorchDataset):
+    """Map-style dataset of examples: one record joined with its structure's features. A DataLoader reads
     the examples of a batch together (`__getitems__`), from the memory-mapped Arrow tables."""
 
-    def __init__(self, data: PairDataset) -> None:
-        self.pairs = data.pairs.with_format("numpy")
+    def __init__(self, data: RecordSet) -> None:
+        self.records = data.records.with_format("numpy")
         self.structures = data.structures.with_format("numpy")
-        self.pair_rows = data.pairs.with_format("arrow")
+        self.record_rows = data.records.with_format("arrow")
         self.structure_rows = data.structures.select_columns(list(BATCH_STRUCTURE_KEYS)).with_format("arrow")
-        self.lengths = column(data.structures, "length")[column(data.pairs, "structure_id")]
+        self.lengths = column(data.structures, "length")[column(data.records, "structure_id")]
 
     def __len__(self) -> int:
-        return len(self.pairs)
+        return len(self.records)
 
     def __getitem__(self, index: int) -> dict[str, Any]:
         return self.__getitems__([index])[0]
 
     def __getitems__(self, indices: Sequence[int]) -> list[dict[str, Any]]:
-        pairs = _values(self.pair_rows[[int(i) for i in indices]])
-        structures = _values(self.structure_rows[[int(i) for i in pairs["structure_id"]]])
-        columns = {**pairs, **structures}
+        records = _values(self.record_rows[[int(i) for i in indices]])
+        structures = _values(self.structure_rows[[int(i) for i in records["structure_id"]]])
+        columns = {**records, **structures}
         return [
             {"index": int(index), **{name: values[row] for name, values in columns.items()}}
             for row, index in enumerate(indices)
@@ -79,9 +79,11 @@ def collate(examples: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
 
     `loss_mask` marks designed, observed, mutable positions (where log p is summed); `decode_mask` marks
     the positions decoded after all others (designed and mutable), as ProteinMPNN orders fixed positions.
-    `label` is 1 for a pair or a desirable sequence; `chosen_scores` and `rejected_scores` (per-residue
-    scores, zero-padded) are there when every example has them. Structures' ligand context atoms are padded
-    to the batch's most (at least one, masked); membrane labels are there when an example has them.
+    The examples' sequences (`chosen` and `rejected` of pairs; `sequence`, and `wildtype` of variants) are
+    the native sequence beyond the designed residues; `label` is there for labelled sequences,
+    `chosen_scores` and `rejected_scores` (per-residue scores, zero-padded) when every example has them.
+    Structures' ligand context atoms are padded to the batch's most (at least one, masked); membrane labels
+    are there when an example has them.
     """
     B, L = len(examples), max(len(e["mask"]) for e in examples)
     unknown = ALPHABET.index("X")
@@ -93,13 +95,13 @@ def collate(examples: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
         "decode_mask": np.zeros((B, L), np.float32),
         "loss_mask": np.zeros((B, L), np.float32),
         "native": np.full((B, L), unknown, np.int64),
-        "chosen": np.full((B, L), unknown, np.int64),
-        "rejected": np.full((B, L), unknown, np.int64),
-        "weight": np.array([e["weight"] for e in examples], np.float32),
-        "label": np.array([e.get("label", 1) for e in examples], np.int64),
+        **{name: np.full((B, L), unknown, np.int64) for name in SEQUENCE_COLUMNS if name in examples[0]},
+        "weight": np.array([e.get("weight", 1.0) for e in examples], np.float32),
         "index": np.array([e["index"] for e in examples], np.int64),
         "length": np.array([len(e["mask"]) for e in examples], np.int64),
     }
+    if "label" in examples[0]:
+        batch["label"] = np.array([e["label"] for e in examples], np.int64)
     for name in REFERENCE_COLUMNS:
         if name in examples[0]:
             batch[name] = np.array([e[name] for e in examples], np.float32)
@@ -116,7 +118,7 @@ def collate(examples: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
             labels = e.get("membrane_labels", ())
             batch["membrane_labels"][i, : len(labels)] = labels
     for i, e in enumerate(examples):
-        n, d = len(e["mask"]), len(e["chosen"])
+        n, d = len(e["mask"]), len(e["mutable"])
         batch["X"][i, :n] = np.reshape(e["X"], (n, 4, 3))
         batch["mask"][i, :n] = e["mask"]
         batch["residue_idx"][i, :n] = e["residue_idx"]
@@ -124,9 +126,10 @@ def collate(examples: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
         batch["decode_mask"][i, :d] = e["mutable"]
         batch["loss_mask"][i, :d] = batch["decode_mask"][i, :d] * batch["mask"][i, :d]
         batch["native"][i, :n] = e["native"]
-        for name in ("chosen", "rejected"):
-            batch[name][i, :n] = e["native"]
-            batch[name][i, :d] = e[name]
+        for name in SEQUENCE_COLUMNS:
+            if name in batch:
+                batch[name][i, :n] = e["native"]
+                batch[name][i, : len(e[name])] = e[name]  # the designed chains, or the whole structure
     return {name: torch.from_numpy(values) for name, values in batch.items()}
 
 

@@ -1,4 +1,5 @@
-"""Preference pairs: loading, validation, cached structure features."""
+"""Records of each kind (pairs, variants, labelled sequences, structures): loading, validation, the Arrow
+cache of records and of their structures' features."""
 
 from __future__ import annotations
 
@@ -29,8 +30,8 @@ from dpo_inv.data.records import (
     data_digest,
     data_name,
     is_file,
-    load_records,
     raise_bad_records,
+    read_records,
     records_folder,
 )
 from dpo_inv.data.saved import load_cached, load_saved, save_atomically, saved_made_of
@@ -54,14 +55,15 @@ ALIASES = {
 
 
 @dataclass(frozen=True)
-class PairDataset:
-    """Validated pairs plus the features of every distinct (structure, chains) they use.
+class RecordSet:
+    """Validated records of one kind (`records`, one row each) plus the features of every distinct
+    (structure, chains) they use.
 
     `skipped` lists the bad records left out (with `on_bad_record="skip"`); `files` are the cache
-    directories of the two tables, from which other processes load the same data (`load_saved_pairs`).
+    directories of the two tables, from which other processes load the same data (`load_saved_records`).
     """
 
-    pairs: datasets.Dataset
+    records: datasets.Dataset
     structures: datasets.Dataset
     source: str
     skipped: tuple[BadRecord, ...] = ()
@@ -186,25 +188,53 @@ def _check_sequence(name: str, seq: Any, expected: int, pdb: str, chains: tuple[
 
 
 ARROW_BATCH = 65_536  # validated rows converted to Arrow at once
-PAIR_FIELDS = ("preferred_seq", "unpreferred_seq")
-SEQUENCE_FIELDS = ("sequence", "wildtype_seq")  # a sequences file; wildtype_seq is optional
-LABEL_FIELDS = ("sequence", "label")  # labelled sequences (KTO): label true = desirable
 RESIDUE_SCORE_FIELDS = ("preferred_residue_scores", "unpreferred_residue_scores")
 LABELS = {"true": 1, "false": 0, "1": 1, "0": 0}  # as text: JSON true, 1, CSV "True", "1"
 ON_BAD_RECORD = ("fail", "skip")
-PAIR_FEATURES = datasets.Features(
-    {
-        "structure_id": datasets.Value("int32"),
-        "chosen": datasets.Sequence(datasets.Value("int8")),
-        "rejected": datasets.Sequence(datasets.Value("int8")),
-        "mutable": datasets.Sequence(datasets.Value("int8")),
-        "weight": datasets.Value("float32"),
-        "label": datasets.Value("int8"),  # 1 for pairs and desirable sequences
-        "chosen_scores": datasets.Sequence(datasets.Value("float32")),  # empty without residue scores
-        "rejected_scores": datasets.Sequence(datasets.Value("float32")),
-        "membrane_labels": datasets.Sequence(datasets.Value("int8")),  # empty without membrane fields
-    }
+TOKENS = datasets.Sequence(datasets.Value("int8"))
+SCORES = datasets.Sequence(datasets.Value("float32"))
+
+
+@dataclass(frozen=True)
+class RecordKind:
+    """What the records of a data file hold: the sequences stored for each (column: record field; a field
+    marked optional falls back to `fallback`'s value, `"native"` to the structure's own sequence) and the
+    other columns of the kind. Every kind shares the structure, `mutable_*`, `weight` and membrane fields."""
+
+    name: str
+    sequences: dict[str, str]
+    optional: dict[str, str] = dataclasses.field(
+        default_factory=dict
+    )  # column -> where a missing one comes from
+    columns: dict[str, datasets.Value | datasets.Sequence] = dataclasses.field(default_factory=dict)
+
+    @property
+    def features(self) -> datasets.Features:
+        return datasets.Features(
+            {
+                "structure_id": datasets.Value("int32"),
+                **{column: TOKENS for column in self.sequences},
+                "mutable": TOKENS,
+                "weight": datasets.Value("float32"),
+                "membrane_labels": TOKENS,  # empty without membrane fields
+                **self.columns,
+            }
+        )
+
+
+PAIRS = RecordKind(
+    "pairs",
+    {"chosen": "preferred_seq", "rejected": "unpreferred_seq"},
+    columns={"chosen_scores": SCORES, "rejected_scores": SCORES},  # empty without residue scores
 )
+VARIANTS = RecordKind(
+    "variants", {"sequence": "sequence", "wildtype": "wildtype_seq"}, {"wildtype": "sequence"}
+)
+LABELLED = RecordKind(
+    "labelled sequences", {"sequence": "sequence"}, columns={"label": datasets.Value("int8")}
+)
+STRUCTURES = RecordKind("structures", {"sequence": "sequence"}, {"sequence": "native"})
+SEQUENCE_COLUMNS = ("chosen", "rejected", "sequence", "wildtype")  # every kind's sequence columns
 
 
 def _label(value: Any) -> int:
@@ -250,79 +280,84 @@ def _residue_scores(data: dict, num_designed: int, required: bool) -> tuple[list
     return chosen, rejected
 
 
-def _row(data: dict, fields: tuple[str, str], structure: dict, residue: bool) -> dict:
-    """The stored columns of one record on its `structure` (the columns error, num_designed, design_chains
-    and residue_ids); a ValueError or TypeError says what is wrong."""
+def _row(data: dict, kind: RecordKind, structure: dict, residue: bool) -> dict:
+    """The stored columns of one record of `kind` on its `structure` (the columns error, num_designed,
+    design_chains, residue_ids and native); a ValueError or TypeError says what is wrong."""
     num_designed, chains, pdb = structure["num_designed"], tuple(structure["design_chains"]), data["pdb_file"]
-    first, second = fields
-    if fields == LABEL_FIELDS or (fields == SEQUENCE_FIELDS and data.get(second) is None):
-        second = first
-    chosen = _check_sequence(first, data.get(first), num_designed, pdb, chains)
-    rejected = _check_sequence(second, data.get(second), num_designed, pdb, chains)
+    row: dict[str, Any] = {}
+    for column, field in kind.sequences.items():
+        fallback = kind.optional.get(column)
+        if data.get(field) is None and fallback == "native":
+            row[column] = np.asarray(structure["native"][:num_designed], np.int8)
+        else:
+            name = fallback if data.get(field) is None and fallback else field
+            row[column] = _check_sequence(name, data.get(name), num_designed, pdb, chains)
     weight = float(data["weight"]) if data.get("weight") is not None else 1.0
     if not np.isfinite(weight) or weight < 0:
         raise ValueError(f"weight must be a finite number >= 0, got {data['weight']!r}")
-    if fields == LABEL_FIELDS and data.get("label") is None:
-        raise ValueError("missing required field label: true for a desirable sequence, false otherwise")
-    chosen_scores, rejected_scores = [], []
-    if fields == PAIR_FIELDS:
-        chosen_scores, rejected_scores = _residue_scores(data, num_designed, residue)
-    return {
-        "chosen": chosen,
-        "rejected": rejected,
-        "mutable": _mutable_mask(data, num_designed),
-        "weight": weight,
-        "label": _label(data["label"]) if fields == LABEL_FIELDS else 1,
-        "chosen_scores": chosen_scores,
-        "rejected_scores": rejected_scores,
-        "membrane_labels": membrane_labels(data, structure["residue_ids"]),
-    }
+    row.update(
+        mutable=_mutable_mask(data, num_designed),
+        weight=weight,
+        membrane_labels=membrane_labels(data, structure["residue_ids"]),
+    )
+    if kind is LABELLED:
+        if data.get("label") is None:
+            raise ValueError("missing required field label: true for a desirable sequence, false otherwise")
+        row["label"] = _label(data["label"])
+    if kind is PAIRS:
+        row["chosen_scores"], row["rejected_scores"] = _residue_scores(data, num_designed, residue)
+    if kind is STRUCTURES and not (row["mutable"] * structure["observed"]).any():
+        raise ValueError(
+            f"no designed residue of chains {list(chains)} of {pdb} is both observed and mutable: nothing to "
+            "train on; design other chains or drop the record"
+        )
+    return row
 
 
-def load_pairs(
+def load_records(
     data: Data,
     cache_dir: str | Path | None = None,
     num_proc: int | None = None,
-    fields: tuple[str, str] = PAIR_FIELDS,
+    kind: RecordKind = PAIRS,
     structure_roots: Sequence[str | Path] = (),
     on_bad_record: str = "fail",
     require_residue_scores: bool = False,
     options: ParseOptions = PROTEINMPNN_PARSE,
     name: str = "records",
     given: GivenStructure | None = None,
-) -> PairDataset:
+) -> RecordSet:
     """Load and validate a preference file, or records in memory (`name` names them in errors; their
     relative structure paths are relative to the working directory). Every record is checked; with
     `on_bad_record="fail"` all bad records are reported together in one `DataError`, with `"skip"` they
     are left out and listed in `skipped`. With `structure_roots`, structure files must lie in one of
     these folders.
 
-    `fields` name the two sequences of a record (stored as `chosen` and `rejected`); with
-    `SEQUENCE_FIELDS` a sequences file loads the same way, a missing `wildtype_seq` meaning the sequence;
-    with `LABEL_FIELDS` a labelled sequences file, its `sequence` stored twice and its `label`. Pairs keep
-    their per-residue scores where they have them (required with `require_residue_scores`), and their
-    membrane labels. `options` say how structures are read (LigandMPNN's residues and ligand context).
+    `kind` says what the records hold: `PAIRS` (stored as `chosen` and `rejected`, with their per-residue
+    scores where they have them, required with `require_residue_scores`), `VARIANTS` (`sequence` and
+    `wildtype`, a missing `wildtype_seq` meaning the sequence), `LABELLED` (`sequence` and `label`) or
+    `STRUCTURES` (`sequence`, the structure's own where the record has none). Every kind keeps its membrane
+    labels. `options` say how structures are read (LigandMPNN's residues and ligand context).
     Records that name no structure take ``given``'s, and a `mutant` its sequences (ProteinGym's layout).
     """
     if on_bad_record not in ON_BAD_RECORD:
         raise ValueError(f"on_bad_record must be one of {ON_BAD_RECORD}, got {on_bad_record!r}")
-    records = None if is_file(data) and Path(data).is_file() else load_records(data, name)
+    records = None if is_file(data) and Path(data).is_file() else read_records(data, name)
     source = data_name(data, name)
     root = records_folder(data)
     allowed = [Path(folder).resolve() for folder in structure_roots]
     # validated once: cached under a name that changes with the data and the options
     digest = hashlib.sha256(
         json.dumps(
-            [FEATURES_VERSION, dataclasses.astuple(options), *data_digest(data, records), str(root), fields,
-             [str(a) for a in allowed], on_bad_record, require_residue_scores,
+            [FEATURES_VERSION, dataclasses.astuple(options), *data_digest(data, records), str(root),
+             kind.name, [str(a) for a in allowed], on_bad_record, require_residue_scores,
              given and dataclasses.astuple(given)]
         ).encode()
     ).hexdigest()[:20]  # fmt: skip
-    pairs_dir = cache_root(cache_dir) / f"pairs-{digest}"
-    cached = _validated_before(pairs_dir, source, options)
+    records_dir = cache_root(cache_dir) / f"records-{digest}"
+    cached = _validated_before(records_dir, source, options)
     if cached is not None:
         return cached
-    records = records or load_records(data, name)
+    records = records or read_records(data, name)
     if given is not None:
         records = complete_records(records, given)
     root_name = "the data file's folder" if is_file(data) else "the working directory"
@@ -354,8 +389,14 @@ def load_pairs(
         read = {
             name: list(structures[name]) for name in ("error", "num_designed", "design_chains", "residue_ids")
         }
+        if kind is STRUCTURES:  # the native sequence, and which of its designed residues are observed
+            read["native"] = list(structures["native"])
+            read["observed"] = [
+                np.asarray(m[:n]) > 0 for m, n in zip(structures["mask"], read["num_designed"], strict=True)
+            ]
         paths = [key[0] for key in keys]
-    columns: dict[str, list] = {name: [] for name in PAIR_FEATURES}
+    features = kind.features
+    columns: dict[str, list] = {name: [] for name in features}
     batches: list[pa.RecordBatch] = []  # the rows so far, ARROW_BATCH at a time: compact, not a list per row
     for number, sid in usable:
         location, data = records[number].location, normalise(records[number].data)
@@ -364,7 +405,7 @@ def load_pairs(
             continue
         try:
             row = _row(
-                data, fields, {name: column[sid] for name, column in read.items()}, require_residue_scores
+                data, kind, {name: column[sid] for name, column in read.items()}, require_residue_scores
             )
         except LengthError as err:
             path, chains = paths[sid], tuple(read["design_chains"][sid])
@@ -377,9 +418,9 @@ def load_pairs(
         for name, value in {"structure_id": sid, **row}.items():
             columns[name].append(value)
         if len(columns["structure_id"]) == ARROW_BATCH:
-            batches.append(pa.RecordBatch.from_pydict(columns, schema=PAIR_FEATURES.arrow_schema))
-            columns = {name: [] for name in PAIR_FEATURES}
-    batches.append(pa.RecordBatch.from_pydict(columns, schema=PAIR_FEATURES.arrow_schema))
+            batches.append(pa.RecordBatch.from_pydict(columns, schema=features.arrow_schema))
+            columns = {name: [] for name in features}
+    batches.append(pa.RecordBatch.from_pydict(columns, schema=features.arrow_schema))
     skipped = tuple(bad[number] for number in sorted(bad))
     if len(skipped) == len(records) > 1 and len({b.reason for b in skipped}) == 1:
         raise DataError(f"{source}: every one of its {len(records)} records: {skipped[0].reason}")
@@ -391,34 +432,34 @@ def load_pairs(
             [*map(str, skipped), f"{source}: no usable record among {len(records)}; fix the records above"]
         )
     made_of = {"structures": structures_dir.name, "skipped": [dataclasses.asdict(b) for b in skipped]}
-    save_atomically(table, pairs_dir, json.loads(json.dumps(made_of, default=str)))
-    return PairDataset(
-        pairs=load_saved(pairs_dir),
+    save_atomically(table, records_dir, json.loads(json.dumps(made_of, default=str)))
+    return RecordSet(
+        records=load_saved(records_dir),
         structures=structures,
         source=source,
         skipped=skipped,
-        files=(str(pairs_dir), str(structures_dir)),
+        files=(str(records_dir), str(structures_dir)),
     )
 
 
-def _validated_before(pairs_dir: Path, source: str, options: ParseOptions) -> PairDataset | None:
-    """The pairs cached in `pairs_dir`; None, the table removed, when the structures they were validated
+def _validated_before(records_dir: Path, source: str, options: ParseOptions) -> RecordSet | None:
+    """The records cached in `records_dir`; None, the table removed, when the structures they were validated
     against have changed since."""
-    pairs = load_cached(pairs_dir)
-    if pairs is None:
+    records = load_cached(records_dir)
+    if records is None:
         return None
-    made_of = saved_made_of(pairs_dir)
-    structures_dir = pairs_dir.parent / made_of["structures"]
+    made_of = saved_made_of(records_dir)
+    structures_dir = records_dir.parent / made_of["structures"]
     structures = load_cached(structures_dir)
     if structures is None or not is_current(structures, structures_dir, options):
-        shutil.rmtree(pairs_dir)
+        shutil.rmtree(records_dir)
         return None
     skipped = tuple(BadRecord(**record) for record in made_of["skipped"])
-    return PairDataset(pairs, structures, source, skipped, (str(pairs_dir), str(structures_dir)))
+    return RecordSet(records, structures, source, skipped, (str(records_dir), str(structures_dir)))
 
 
-def load_saved_pairs(files: tuple[str, str], source: str) -> PairDataset:
-    """The pairs another process has loaded and validated (its `PairDataset.files`)."""
-    pairs_dir, structures_dir = files
-    pairs, structures = load_saved(Path(pairs_dir)), load_saved(Path(structures_dir))
-    return PairDataset(pairs=pairs, structures=structures, source=source, files=files)
+def load_saved_records(files: tuple[str, str], source: str) -> RecordSet:
+    """The records another process has loaded and validated (its `RecordSet.files`)."""
+    records_dir, structures_dir = files
+    records, structures = load_saved(Path(records_dir)), load_saved(Path(structures_dir))
+    return RecordSet(records=records, structures=structures, source=source, files=files)

@@ -1,5 +1,5 @@
 """Measurements that come back from the lab: a variant and a number per row, in CSV (or any format
-`load_records` reads). The variant is `mutations` (`V39F:D40W`), ProteinGym's `mutant`, or the full
+`read_records` reads). The variant is `mutations` (`V39F:D40W`), ProteinGym's `mutant`, or the full
 `sequence` (ProteinGym's `mutated_sequence`); the number is `value`, ProteinGym's `DMS_score`, or the column
 named by ``value_field``."""
 
@@ -9,7 +9,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from dpo_inv.data.records import DataError, Record, load_records
+from dpo_inv.data.records import DataError, Record, read_records
 
 VARIANT_FIELDS = ("mutations", "mutant", "sequence", "mutated_sequence")
 VALUE_FIELDS = ("value", "DMS_score")
@@ -28,7 +28,7 @@ class Measurement:
 def read_measurements(path: str | Path, value_field: str | None = None) -> list[Measurement]:
     """Every row of ``path``; a file without a variant or value column, or a row without a finite value, is
     a `DataError` naming the file (and the row)."""
-    records = load_records(str(path))
+    records = read_records(str(path))
     columns = {key for record in records for key in (record.data or {})}
     variant_field = next((f for f in VARIANT_FIELDS if f in columns), None)
     value_fields = (value_field,) if value_field else VALUE_FIELDS
@@ -66,7 +66,7 @@ def variant_of(record: Record, variant_field: str, value: float) -> Measurement:
 
 def read_variants(path: str | Path) -> list[Measurement]:
     """The variants of ``path`` (candidates: a variant column, no value needed; their value is NaN)."""
-    records = load_records(str(path))
+    records = read_records(str(path))
     columns = {key for record in records for key in (record.data or {})}
     variant_field = next((f for f in VARIANT_FIELDS if f in columns), None)
     if variant_field is None:

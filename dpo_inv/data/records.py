@@ -211,16 +211,33 @@ def data_name(data: Data, name: str) -> str:
 def data_digest(data: Data, records: list[Record]) -> list:
     """What identifies `data` in a cache key: a file's path, size and modification time, or a hash of the
     records in memory."""
-    if is_file(data):
+    if is_file(data) and not Path(data).is_dir():
         path = Path(data)
         return [str(path.resolve()), path.stat().st_size, path.stat().st_mtime_ns]
     text = json.dumps([record.data for record in records], sort_keys=True, default=str)
     return [hashlib.sha256(text.encode()).hexdigest()]
 
 
-def load_records(data: Data, name: str = "records") -> list[Record]:
-    """The records of a JSON lines, JSON (one list), CSV or Parquet file, each with its location; or of
-    data in memory, named `name` in errors.
+STRUCTURE_FILES = (".pdb", ".ent", ".cif", ".mmcif")  # and each gzipped
+
+
+def folder_records(path: Path) -> list[Record]:
+    """A folder of structure files as records: one per file, its `pdb_file` (structure records)."""
+    files = sorted(
+        file for file in path.iterdir()
+        if file.is_file() and file.name.lower().removesuffix(".gz").endswith(STRUCTURE_FILES)
+    )  # fmt: skip
+    if not files:
+        raise DataError(
+            f"{path}: a folder with no structure file ({', '.join(STRUCTURE_FILES)}, gzipped or not); give "
+            "a folder of structures or a data file"
+        )
+    return [Record(str(file), {"pdb_file": str(file.resolve())}) for file in files]
+
+
+def read_records(data: Data, name: str = "records") -> list[Record]:
+    """The records of a JSON lines, JSON (one list), CSV or Parquet file, each with its location; of a
+    folder of structure files (one structure record each); or of data in memory, named `name` in errors.
 
     A JSON line that cannot be read as an object is returned as a record with an `error`; a file that
     cannot be read at all raises `DataError`.
@@ -231,6 +248,8 @@ def load_records(data: Data, name: str = "records") -> list[Record]:
             raise DataError(f"{name}: empty dataset (no records); add records")
         return records
     path = Path(data)
+    if path.is_dir():
+        return folder_records(path)
     if not path.is_file():
         raise DataError(f"{path}: data file not found")
     builder = FORMATS.get(path.suffix.lower())

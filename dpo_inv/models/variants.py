@@ -22,10 +22,10 @@ import torch
 from accelerate import Accelerator
 from accelerate.utils import gather_object
 
-from dpo_inv.data.batches import PreferenceDataset, collate, structure_inputs
-from dpo_inv.data.dataset import PairDataset, column
+from dpo_inv.data.batches import ExampleDataset, collate, structure_inputs
+from dpo_inv.data.dataset import RecordSet, column
 from dpo_inv.data.proteingym import GivenStructure, complete_records
-from dpo_inv.data.records import Data, load_records, raise_bad_records
+from dpo_inv.data.records import Data, raise_bad_records, read_records
 from dpo_inv.models.combinations import base_order, joint_deltas, joint_plan
 from dpo_inv.models.layers import DecoderStates, Encoding
 from dpo_inv.models.mpnn import ProteinMPNN, decoding_ranks, derive_seed
@@ -35,9 +35,9 @@ ORDERS_PER_PASS = 64  # decoding orders (substituted positions x orders) per dec
 
 @dataclass(frozen=True)
 class LabelledVariants:
-    """Variants (`chosen` = variant, `rejected` = wild type) and their labels, higher = better."""
+    """Variants (`sequence`, and its `wildtype`) and their labels, higher = better."""
 
-    data: PairDataset
+    data: RecordSet
     labels: list[float]
 
 
@@ -50,14 +50,14 @@ class VariantGroup:
     positions: list[int]  # sorted 0-based indices into the designed sequence
 
 
-def group_variants(dataset: PreferenceDataset, records: Sequence[int] | None = None) -> list[VariantGroup]:
-    """Group records (default: all) of a sequences dataset (`chosen` = variant, `rejected` = wild type)."""
+def group_variants(dataset: ExampleDataset, records: Sequence[int] | None = None) -> list[VariantGroup]:
+    """Group records (default: all) of a variants dataset by structure and wild type."""
     members: dict[tuple[int, bytes], list[int]] = defaultdict(list)
     positions: dict[tuple[int, bytes], set[int]] = defaultdict(set)
-    pairs = dataset.pairs if records is None else dataset.pairs.select(records)
+    rows = dataset.records if records is None else dataset.records.select(records)
     indices = range(len(dataset)) if records is None else records
     for index, sid, variant, wildtype in zip(
-        indices, pairs["structure_id"], pairs["chosen"], pairs["rejected"], strict=True
+        indices, rows["structure_id"], rows["sequence"], rows["wildtype"], strict=True
     ):
         variant, wildtype = np.asarray(variant), np.asarray(wildtype)
         key = (int(sid), wildtype.tobytes())
@@ -69,7 +69,7 @@ def group_variants(dataset: PreferenceDataset, records: Sequence[int] | None = N
 def conditional_inputs(
     batch: dict[str, torch.Tensor], positions: list[int], seed: int | None, num_orders: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Decoder inputs that score each of ``positions`` last: the wild type (`rejected`) once per position
+    """Decoder inputs that score each of ``positions`` last: the wild type (`wildtype`) once per position
     and order, ``[1, N * num_orders, L]``, their decoding ranks, and the position each pass scores,
     ``[1, 1, N * num_orders]``."""
     L = batch["mask"].shape[1]
@@ -80,7 +80,7 @@ def conditional_inputs(
     ranks = decoding_ranks(
         last, batch["mask"].expand(N, L), None if seed is None else [seed] * N, num_orders, [L] * N
     ).view(1, N * num_orders, L)
-    S = batch["rejected"].unsqueeze(1).expand(1, N * num_orders, L)
+    S = batch["wildtype"].unsqueeze(1).expand(1, N * num_orders, L)
     return S, ranks, chunk.repeat_interleave(num_orders).view(1, 1, -1)
 
 
@@ -138,7 +138,7 @@ def conditional_head(model: ProteinMPNN, states: ConditionalStates) -> torch.Ten
 
 
 def group_batch(
-    dataset: PreferenceDataset, group: VariantGroup, device: torch.device
+    dataset: ExampleDataset, group: VariantGroup, device: torch.device
 ) -> dict[str, torch.Tensor]:
     """The collated structure of a group of variants; a substitution at an unobserved residue is bad input."""
     batch = {k: v.to(device) for k, v in collate([dataset[group.records[0]]]).items()}
@@ -160,7 +160,7 @@ def order_seed(group: VariantGroup, decoding_order: str, seed: int) -> int | Non
 @torch.no_grad()
 def conditional_deltas(
     model: ProteinMPNN,
-    dataset: PreferenceDataset,
+    dataset: ExampleDataset,
     device: torch.device,
     decoding_order: str = "left_to_right",
     seed: int = 0,
@@ -178,9 +178,9 @@ def conditional_deltas(
         table = conditional_log_probs(model, batch, group.positions, order_seed(group, decoding_order, seed),
                                       num_orders).cpu()  # fmt: skip
         row = {p: i for i, p in enumerate(group.positions)}
-        wildtype = batch["rejected"][0].cpu()
+        wildtype = batch["wildtype"][0].cpu()
         for index in group.records:
-            variant = torch.from_numpy(np.asarray(dataset.pairs[index]["chosen"], dtype=np.int64))
+            variant = torch.from_numpy(np.asarray(dataset.records[index]["sequence"], dtype=np.int64))
             changed = torch.nonzero(variant != wildtype[: len(variant)]).flatten().tolist()
             deltas[index] = float(
                 sum(table[row[p], variant[p]] - table[row[p], wildtype[p]] for p in changed)
@@ -188,9 +188,9 @@ def conditional_deltas(
     return deltas
 
 
-def full_variants(dataset: PreferenceDataset, records: Sequence[int], wildtype: np.ndarray) -> np.ndarray:
+def full_variants(dataset: ExampleDataset, records: Sequence[int], wildtype: np.ndarray) -> np.ndarray:
     """``[R, L]`` tokens of the records' variants: their designed chains, the wild type's other chains."""
-    designed = np.stack([np.asarray(dataset.pairs[i]["chosen"]) for i in records])
+    designed = np.stack([np.asarray(dataset.records[i]["sequence"]) for i in records])
     rest = wildtype[designed.shape[1] :]
     return np.hstack([designed, np.broadcast_to(rest, (len(designed), len(rest)))])
 
@@ -198,7 +198,7 @@ def full_variants(dataset: PreferenceDataset, records: Sequence[int], wildtype: 
 @torch.no_grad()
 def joint_deltas_of(
     model: ProteinMPNN,
-    dataset: PreferenceDataset,
+    dataset: ExampleDataset,
     device: torch.device,
     decoding_order: str = "left_to_right",
     seed: int = 0,
@@ -213,7 +213,7 @@ def joint_deltas_of(
             deltas.update((index, 0.0) for index in group.records)
             continue
         batch = group_batch(dataset, group, device)
-        wildtype = batch["rejected"][0]
+        wildtype = batch["wildtype"][0]
         variants = full_variants(dataset, group.records, wildtype.cpu().numpy())
         order = base_order(len(wildtype), order_seed(group, decoding_order, seed))
         plan = joint_plan(wildtype.cpu().numpy(), variants, order, model.config.vocab_size)
@@ -272,7 +272,7 @@ def variant_labels(
     oriented so that higher is better; a `DataError` names each record without them."""
     labels, errors = [], []
     direction = "lower" if lower_is_better else "higher"
-    records = load_records(data, name)
+    records = read_records(data, name)
     for record in records if given is None else complete_records(records, given):
         if record.data is None:
             errors.append(f"{record.location}: {record.error}")
@@ -296,7 +296,7 @@ def variant_labels(
 def evaluate_variants(
     accelerator: Accelerator,
     model: ProteinMPNN,
-    variants: PairDataset,
+    variants: RecordSet,
     labels: Sequence[float],
     decoding_order: str,
     seed: int,
@@ -304,7 +304,7 @@ def evaluate_variants(
     """`eval_spearman`: mean over structures of Spearman's correlation between the conditional
     `delta_logp` and the label (and its median, `eval_spearman_median`); structure groups are shared out
     over the ranks and every rank gets the same result."""
-    dataset = PreferenceDataset(variants)
+    dataset = ExampleDataset(variants)
     groups = group_variants(dataset)[accelerator.process_index :: accelerator.num_processes]
     records = [index for group in groups for index in group.records]
     mine = conditional_deltas(model, dataset, accelerator.device, decoding_order, seed, records=records)
@@ -313,7 +313,7 @@ def evaluate_variants(
     table = spearman_by_structure(
         np.array([deltas[i] for i in indices]),
         np.asarray(labels, dtype=np.float64)[indices],
-        column(variants.pairs, "structure_id")[indices],
+        column(variants.records, "structure_id")[indices],
     )
     mean, median = mean_and_median(table)
     return {"eval_spearman": mean, "eval_spearman_median": median}

@@ -167,8 +167,14 @@ def parse_options(
     config: ProteinMPNNConfig, ligand_context: bool = True, ligand_exclude: Sequence[str] = ()
 ) -> ParseOptions:
     """How structures are read for a model: as LigandMPNN reads them for the LigandMPNN-family models (with
-    the ligand context options), as ProteinMPNN does for the others."""
+    the ligand context options), as ProteinMPNN does for the others, which refuse those options."""
     if not config.ligand_mpnn_family:
+        if ligand_exclude or not ligand_context:
+            option = "ligand_exclude" if ligand_exclude else "ligand_context false"
+            raise ValueError(
+                f"{option} is a LigandMPNN option, but the model is a ProteinMPNN model, which sees no "
+                "ligand: drop the option or choose a LigandMPNN model (ligand/v_32_010_25)"
+            )
         return PROTEINMPNN_PARSE
     return ParseOptions(ligand_mpnn=True, ligand_context=ligand_context, ligand_exclude=tuple(ligand_exclude))
 

@@ -23,8 +23,8 @@ import torch
 from accelerate import PartialState
 from accelerate.utils import gather_object
 
-from dpo_inv.data.batches import PreferenceDataset, collate, structure_inputs
-from dpo_inv.data.dataset import SEQUENCE_FIELDS, PairDataset, load_pairs
+from dpo_inv.data.batches import ExampleDataset, collate, structure_inputs
+from dpo_inv.data.dataset import VARIANTS, RecordSet, load_records
 from dpo_inv.data.proteingym import StructureOptions
 from dpo_inv.data.records import Data, DataError, write_json
 from dpo_inv.models.combinations import Slots, base_order, joint_plan, joint_slots, slot_head
@@ -155,19 +155,19 @@ def variant_set(
     structure_id: int = 0,
     records: np.ndarray | None = None,
 ) -> VariantSet:
-    """The `VariantSet` of ``variants [R, L]`` (tokens) on the one structure of ``batch`` (its `rejected`
+    """The `VariantSet` of ``variants [R, L]`` (tokens) on the one structure of ``batch`` (its `wildtype`
     sequence the wild type), the other residues decoded left to right (``seed=None``) or in an order drawn
     from ``seed``: the conditional estimator's states when every variant is a single mutant, else the joint
     estimator's slots (`dpo_inv.models.combinations`; equal on single mutants)."""
     device = batch["mask"].device
-    wildtype = batch["rejected"][0].cpu().numpy()
+    wildtype = batch["wildtype"][0].cpu().numpy()
     changed = variants != wildtype[None, :]
     vocab = model.config.vocab_size
     if changed.sum(1).max(initial=0) > 1:
         plan = joint_plan(wildtype, variants, base_order(len(wildtype), seed), vocab)
         with torch.no_grad():
             enc = model.encode(**structure_inputs(batch))
-        states: ConditionalStates | Slots = joint_slots(model, enc, batch["rejected"][0], plan)
+        states: ConditionalStates | Slots = joint_slots(model, enc, batch["wildtype"][0], plan)
         changes = plan.changes.to(device)
     else:
         positions = sorted(set(np.flatnonzero(changed.any(0)).tolist())) or [0]
@@ -193,15 +193,15 @@ def variant_set(
 
 
 def variant_sets(
-    model: ProteinMPNN, data: PairDataset, labels: np.ndarray, config: AdaptConfig, device: torch.device
+    model: ProteinMPNN, data: RecordSet, labels: np.ndarray, config: AdaptConfig, device: torch.device
 ) -> list[VariantSet]:
     """One `VariantSet` per (structure, wild type) of the data, with its decoder states computed once."""
-    dataset = PreferenceDataset(data)
+    dataset = ExampleDataset(data)
     sets = []
     for group in group_variants(dataset):
         batch = {k: v.to(device) for k, v in collate([dataset[group.records[0]]]).items()}
         seed = order_seed(group, config.decoding_order, config.seed)
-        variants = full_variants(dataset, group.records, batch["rejected"][0].cpu().numpy())
+        variants = full_variants(dataset, group.records, batch["wildtype"][0].cpu().numpy())
         records = np.array(group.records)
         sets.append(variant_set(model, batch, variants, labels[records], seed, group.structure_id, records))
     return sets
@@ -285,7 +285,7 @@ def ridge_out_of_fold(sets: Sequence[VariantSet], folds: Sequence[np.ndarray], s
     return predictions
 
 
-def fit_augmented_ridge(model: ProteinMPNN, sets: Sequence[VariantSet], data: PairDataset,
+def fit_augmented_ridge(model: ProteinMPNN, sets: Sequence[VariantSet], data: RecordSet,
                         config: AdaptConfig) -> AugmentedRidge:  # fmt: skip
     """Augmented ridge on `model`'s `delta_logp`, fitted on every label: one model per wild type (the sets
     of one wild type on several structures pooled)."""
@@ -310,7 +310,7 @@ def fit_augmented_ridge(model: ProteinMPNN, sets: Sequence[VariantSet], data: Pa
                           scoring)  # fmt: skip
 
 
-def check_labels(sets: Sequence[VariantSet], data: PairDataset, config: AdaptConfig) -> None:
+def check_labels(sets: Sequence[VariantSet], data: RecordSet, config: AdaptConfig) -> None:
     """Bad input: fewer labelled sequences than folds, or a structure whose labels are all equal."""
     count = sum(len(s.records) for s in sets)
     if count < config.num_folds:
@@ -444,7 +444,7 @@ def adapt_model(model: ProteinMPNN, data: Data, config: AdaptConfig) -> tuple[Pr
     labels = np.array(variant_labels(data, config.score_field, config.lower_is_better, "records", given))
     options = parse_options(model.config, config.ligand_context, config.ligand_exclude)
     with state.main_process_first():
-        loaded = load_pairs(data, config.cache_dir, fields=SEQUENCE_FIELDS, options=options, given=given)
+        loaded = load_records(data, config.cache_dir, kind=VARIANTS, options=options, given=given)
     model = copy.deepcopy(model).to(device)
     sets = variant_sets(model, loaded, labels, config, device)
     check_labels(sets, loaded, config)

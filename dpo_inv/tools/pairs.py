@@ -14,15 +14,15 @@ from typing import TYPE_CHECKING, Any, Literal
 import datasets
 import numpy as np
 
-from dpo_inv.data.dataset import SEQUENCE_FIELDS, PairDataset, load_pairs, normalise, residue_score_list
+from dpo_inv.data.dataset import VARIANTS, RecordSet, load_records, normalise, residue_score_list
 from dpo_inv.data.proteingym import StructureOptions, complete_records
 from dpo_inv.data.records import (
     Data,
     DataError,
     Record,
     as_table,
-    load_records,
     raise_bad_records,
+    read_records,
     rebase_paths,
     records_folder,
     write_jsonl,
@@ -139,7 +139,7 @@ def _mutation(sequence: str, wildtype: Any) -> int:
 
 
 def _scored(record: dict, config: PairsConfig, text_ok: bool) -> Scored:
-    """One valid record (load_pairs has checked its sequences) with its score; a ValueError says why not."""
+    """One valid record (load_records has checked its sequences) with its score; a ValueError says why not."""
     sequence, wildtype = record["sequence"], record.get("wildtype_seq")
     score = _number(record.get(config.score_field), config.score_field, text_ok)
     position = _mutation(sequence, wildtype) if config.strategy == "same_position" else None
@@ -161,17 +161,17 @@ class Group:
 
 
 def read_groups(
-    records: list[Record], loaded: PairDataset, config: PairsConfig
+    records: list[Record], loaded: RecordSet, config: PairsConfig
 ) -> tuple[dict[int, Group], int]:
     """The groups by structure id, and how many duplicate sequences were merged. Every bad record is
-    reported, in file order, with load_pairs' reason (structure, sequences) if any, else the score's."""
+    reported, in file order, with load_records' reason (structure, sequences) if any, else the score's."""
     index = {record.location: i for i, record in enumerate(records)}
     problems = {index[bad.location]: bad.reason for bad in loaded.skipped}
     usable = [i for i in range(len(records)) if i not in problems]
     text_ok = Path(loaded.source).suffix.lower() == ".csv"
     groups: dict[int, Group] = {}
     merged = 0
-    for i, sid in zip(usable, loaded.pairs["structure_id"], strict=True):
+    for i, sid in zip(usable, loaded.records["structure_id"], strict=True):
         data = normalise(records[i].data)
         try:
             item = _scored(data, config, text_ok)
@@ -304,13 +304,13 @@ def pair_rows(data: Data, config: PairsConfig, name: str = "scored") -> tuple[li
     """The pairs (or labelled sequences) of the scored sequences of `data` (a file or records in memory),
     with `pdb_file` as the records give it, and the summary."""
     check_options(config)
-    records = load_records(data, name)
+    records = read_records(data, name)
     given = config.given_structure(data)
     if given is not None:
         records = complete_records(records, given)
     options = model_parse_options(config.model) if config.model else PROTEINMPNN_PARSE
-    loaded = load_pairs(
-        data, config.cache_dir, fields=SEQUENCE_FIELDS, on_bad_record="skip", options=options, name=name,
+    loaded = load_records(
+        data, config.cache_dir, kind=VARIANTS, on_bad_record="skip", options=options, name=name,
         given=given,
     )  # fmt: skip
     groups, merged = read_groups(records, loaded, config)

@@ -230,7 +230,7 @@ def sampled_variants(model: ProteinMPNN, example: dict[str, Any], space: DesignS
     designed; amino acids the space does not allow are left out."""
     visible = np.asarray(example["native"][len(space.parent) :])
     parent = torch.from_numpy(np.concatenate([space.parent, visible]))
-    base = {**example, "native": parent, "chosen": parent, "rejected": parent}
+    base = {**example, "native": parent, "wildtype": parent}
     batch = {k: v.to(device) for k, v in collate([base]).items()}
     probs = conditional_log_probs(model, batch, space.positions.tolist(), None).exp().cpu().numpy()
     weights = np.array([probs[i, tokens].sum() for i, tokens in enumerate(space.allowed)]) + 1e-9
@@ -287,7 +287,7 @@ def adapt_to_measurements(model: ProteinMPNN, example: dict[str, Any], space: De
     and each measurement's score by a model that did not train on it."""
     visible = np.asarray(example["native"][len(space.parent) :])
     parent = torch.from_numpy(np.concatenate([space.parent, visible]))
-    batch = {k: v.to(device) for k, v in collate([{**example, "chosen": parent, "rejected": parent}]).items()}
+    batch = {k: v.to(device) for k, v in collate([{**example, "wildtype": parent}]).items()}
     variants = np.hstack([measured, np.broadcast_to(visible, (len(measured), len(visible)))])
     config = AdaptConfig(decoding_order="left_to_right", seed=seed)
     return choose_and_train(model, [variant_set(model, batch, variants, values, None)], config)

@@ -370,8 +370,6 @@ def prepare_design(
         "chain_encoding": features.chain_encoding,
         "native": native,
         "mutable": mutable,
-        "chosen": native[:num_designed],
-        "rejected": native[:num_designed],
         "weight": 1.0,
         "index": 0,
     }
@@ -388,7 +386,7 @@ def sample_structure(
     batch = collate([design.example])
     designed = (batch["decode_mask"] * batch["mask"])[0].bool()
     native = batch["native"][0]
-    num_designed = len(design.example["chosen"])
+    num_designed = len(design.example["mutable"])
     records = []
     tied = torch.from_numpy(design.tied)[None]
     for k, start in enumerate(range(0, config.num_samples, config.batch_size)):
@@ -446,7 +444,7 @@ def run_settings(config: SampleConfig) -> str:
 def write_fasta(handle: TextIO, design: Design, records: list[dict[str, Any]], settings: str) -> None:
     """The native sequence under a header of the run's settings, then one record per sample, as
     ProteinMPNN writes them: the designed chains separated by `/`, under a header of the sample's fields."""
-    native = "".join(ALPHABET[t] for t in design.example["chosen"])
+    native = "".join(ALPHABET[t] for t in design.example["native"][: len(design.example["mutable"])])
     chains = ",".join(design.design_chains)
     handle.write(f">{design.name}|native|chains={chains}|{settings}\n")
     handle.write(chain_split(native, design.chain_lengths) + "\n")

@@ -166,7 +166,7 @@ def scan_structure(
     space, example = read_design_space(str(structure), chain_id or [], positions)
     torch_device = resolve_device(device)
     model = model.to(torch_device).eval()
-    batch = {k: v.to(torch_device) for k, v in collate([example]).items()}
+    batch = {k: v.to(torch_device) for k, v in collate([{**example, "wildtype": example["native"]}]).items()}
     # the order `score` draws for a structure's variants listed first: a scan's rows give the same deltas
     order = None if decoding_order == "left_to_right" else derive_seed(seed, 0, 0)
     log_probs = conditional_log_probs(model, batch, space.positions.tolist(), order, num_orders)

@@ -13,8 +13,8 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Subset
 
-from dpo_inv.data.batches import PreferenceDataset, collate
-from dpo_inv.data.dataset import PAIR_FIELDS, SEQUENCE_FIELDS, column, load_pairs, normalise
+from dpo_inv.data.batches import ExampleDataset, collate
+from dpo_inv.data.dataset import PAIRS, VARIANTS, column, load_records, normalise
 from dpo_inv.data.featurized import context_counts
 from dpo_inv.data.proteingym import StructureOptions, complete_records
 from dpo_inv.data.records import (
@@ -22,8 +22,8 @@ from dpo_inv.data.records import (
     DataError,
     as_table,
     data_name,
-    load_records,
     raise_bad_records,
+    read_records,
     rebase_paths,
     records_folder,
     write_jsonl,
@@ -123,16 +123,21 @@ class ScoreConfig(StructureOptions):
 
 @torch.no_grad()
 def score_dataset(
-    models: list[ProteinMPNN], dataset: PreferenceDataset, config: ScoreConfig, device: torch.device
+    models: list[ProteinMPNN],
+    dataset: ExampleDataset,
+    config: ScoreConfig,
+    device: torch.device,
+    columns: tuple[str, str] = ("chosen", "rejected"),
 ) -> list[PairLogps]:
-    """Summed log p of both sequences of every record under each model, with the same decoding orders."""
+    """Summed log p of two sequences (`columns`) of every record under each model, with the same decoding
+    orders."""
     loader = DataLoader(dataset, batch_size=config.batch_size, collate_fn=collate)
     results = [[] for _ in models]
     for batch in loader:
         batch = {k: v.to(device) for k, v in batch.items()}
         ranks = batch_ranks(batch, config.seed, config.num_orders, config.decoding_order)
         for model, result in zip(models, results, strict=True):
-            result.append(pair_logps(model, batch, ranks))
+            result.append(pair_logps(model, batch, ranks, columns))
     return [
         PairLogps(
             *(
@@ -165,7 +170,7 @@ def score_pairs(rows: list[dict], policy: PairLogps, reference: PairLogps | None
 def predict_labels(
     rows: list[dict],
     locations: Sequence[str],
-    dataset: PreferenceDataset,
+    dataset: ExampleDataset,
     ridge: AugmentedRidge,
     config: ScoreConfig,
 ) -> str:
@@ -175,7 +180,7 @@ def predict_labels(
     fitted_on = ", ".join(sorted({protein.pdb_file for protein in ridge.proteins.values()}))
     errors = []
     for group in group_variants(dataset):
-        wildtype = "".join(ALPHABET[t] for t in dataset.pairs[group.records[0]]["rejected"])
+        wildtype = "".join(ALPHABET[t] for t in dataset.records[group.records[0]]["wildtype"])
         if wildtype not in ridge.proteins:
             errors += [
                 f"{locations[i]}: its wild type ({len(wildtype)} residues) is not one {config.ridge} was "
@@ -183,7 +188,7 @@ def predict_labels(
                 for i in group.records
             ]
             continue
-        variants = np.stack([np.asarray(dataset.pairs[i]["chosen"]) for i in group.records])
+        variants = np.stack([np.asarray(dataset.records[i]["sequence"]) for i in group.records])
         deltas = np.array([rows[i]["delta_logp"] for i in group.records])
         for i, value in zip(group.records, ridge.predict(wildtype, variants, deltas), strict=True):
             rows[i][name] = float(value)
@@ -195,7 +200,7 @@ def predict_labels(
 def score_sequences(
     rows: list[dict],
     model: ProteinMPNN,
-    dataset: PreferenceDataset,
+    dataset: ExampleDataset,
     config: ScoreConfig,
     device: torch.device,
     ridge: AugmentedRidge | None = None,
@@ -208,13 +213,14 @@ def score_sequences(
     variants = [i for i, row in enumerate(rows) if row.get("wildtype_seq")]
     full = [i for i in range(len(rows)) if not (per_position and rows[i].get("wildtype_seq"))]
     if full:
-        (logps,) = score_dataset([model], Subset(dataset, full), config, device)
+        (logps,) = score_dataset([model], Subset(dataset, full), config, device, ("sequence", "wildtype"))
+        sequence, wildtype = logps.chosen, logps.rejected
         for j, i in enumerate(full):
             rows[i].update(
-                logp=float(logps.chosen[j]), logp_per_residue=float(logps.chosen[j] / logps.num_positions[j])
+                logp=float(sequence[j]), logp_per_residue=float(sequence[j] / logps.num_positions[j])
             )
             if rows[i].get("wildtype_seq"):
-                rows[i]["delta_logp"] = float(logps.chosen[j] - logps.rejected[j])
+                rows[i]["delta_logp"] = float(sequence[j] - wildtype[j])
     if config.variant_scoring == "joint" and variants:
         deltas = joint_deltas_of(model, dataset, device, config.decoding_order, config.seed, variants)
     elif per_position and variants:
@@ -235,7 +241,7 @@ def score_sequences(
     values = np.array([rows[i][key] for i in labelled], dtype=np.float64)
     labels = np.array([label_value(rows[i][field], locations, i, field) for i in labelled])
     labels = -labels if config.lower_is_better else labels
-    structure_ids = column(dataset.pairs, "structure_id")[labelled]
+    structure_ids = column(dataset.records, "structure_id")[labelled]
     table = spearman_by_structure(values, labels, structure_ids)
     mean, median = mean_and_median(table)
     for entry in table:
@@ -290,7 +296,7 @@ def score_records(
 ) -> tuple[list[dict], dict, list[dict]]:
     """Score every record of `data` (a file or records in memory): the records with their scores, the
     summary, and the per-structure Spearman table (empty without labels)."""
-    records = load_records(data, name)
+    records = read_records(data, name)
     given = config.given_structure(data)
     if given is not None:
         records = complete_records(records, given)
@@ -323,14 +329,14 @@ def score_records(
         config.ligand_exclude,
         (f"model {model.name_or_path!r}", f"reference {getattr(reference, 'name_or_path', None)!r}"),
     )
-    fields = PAIR_FIELDS if is_pairs else SEQUENCE_FIELDS
-    loaded = load_pairs(data, config.cache_dir, fields=fields, options=options, name=name, given=given)
+    kind = PAIRS if is_pairs else VARIANTS
+    loaded = load_records(data, config.cache_dir, kind=kind, options=options, name=name, given=given)
     note = empty_context_note(context_counts(loaded.structures), options)
     if note:
         print(f"note: {note}", file=sys.stderr)
     device = resolve_device(config.device)
     summary: dict = {"count": len(rows)}
-    dataset = PreferenceDataset(loaded)
+    dataset = ExampleDataset(loaded)
     table: list[dict] = []
     if is_pairs:
         models = [m.to(device).eval() for m in (model, *([reference] if reference is not None else []))]

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dpo_inv.data.dataset import structure_key
-from dpo_inv.data.records import DataError, load_records, raise_bad_records
+from dpo_inv.data.records import DataError, raise_bad_records, read_records
 from dpo_inv.structures.parse import PROTEINMPNN_PARSE, ParseOptions, StructureError
 from dpo_inv.tools.sample import Design, parse_fixed_positions, prepare_design
 
@@ -42,7 +42,7 @@ def load_targets(path: str | Path, options: ParseOptions = PROTEINMPNN_PARSE) ->
     """The targets of a targets file, read as `options` say; every bad target is reported, one line each
     naming it."""
     path = Path(path)
-    records = load_records(path)
+    records = read_records(path)
     designs, fixed_chains, errors = [], [], []
     for record in records:
         if record.data is None:

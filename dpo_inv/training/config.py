@@ -9,14 +9,17 @@ from typing import Any, Literal
 from accelerate.utils import LoggerType
 
 from dpo_inv.models.weights import LIGAND_CONTEXT_HELP, LIGAND_EXCLUDE_HELP
-from dpo_inv.training import kto
+from dpo_inv.training import kto, sft
 from dpo_inv.training.loss import LOSS_TYPES, METRICS
 
 TRACKER_PACKAGES = {  # the package each Accelerate tracker needs
     "tensorboard": "tensorboard", "wandb": "wandb", "comet_ml": "comet-ml", "mlflow": "mlflow", "aim": "aim",
     "clearml": "clearml", "dvclive": "dvclive", "swanlab": "swanlab", "trackio": "trackio",
 }  # fmt: skip
-PAIR_METRICS = (*(f"eval_{name}" for name in dict.fromkeys(METRICS + kto.METRICS)), "eval_recovery")
+PAIR_METRICS = (
+    *(f"eval_{name}" for name in dict.fromkeys(METRICS + kto.METRICS + sft.METRICS)),
+    "eval_recovery",
+)
 VARIANT_METRICS = ("eval_spearman", "eval_spearman_median", "eval_native_recovery", "eval_native_logp")
 EXIT_BAD_INPUT = 2
 EXIT_INTERRUPTED = 3
@@ -65,12 +68,19 @@ class DPOConfig:
         default=None,
         **field_help("Reference model weights (same forms); default: the policy's starting weights."),
     )
-    disable_dropout: bool = field(
-        default=True, **field_help("Disable dropout in the policy (TRL's default).")
+    disable_dropout: bool | None = field(
+        default=None,
+        **field_help(
+            "Disable dropout in the policy; default: yes (TRL's default), but with loss_type sft no "
+            "(ProteinMPNN trains with its dropout)."
+        ),
     )
-    backbone_noise: float = field(
-        default=0.0,
-        **field_help("Gaussian noise (Å) added to backbone coordinates of the policy in training."),
+    backbone_noise: float | None = field(
+        default=None,
+        **field_help(
+            "Gaussian noise (Å) added to backbone coordinates of the policy in training; default: 0, but "
+            "with loss_type sft the noise the model was trained with (0.20 for v_48_020)."
+        ),
     )
     ligand_context: bool = field(default=True, **field_help(LIGAND_CONTEXT_HELP))
     ligand_exclude: list[str] = field(default_factory=list, **field_help(LIGAND_EXCLUDE_HELP))
@@ -79,7 +89,9 @@ class DPOConfig:
         default="data/pairs/train.jsonl",
         **field_help(
             "Preference pairs (JSON, JSONL, CSV or Parquet); with loss_type kto or apo_zero_unpaired, "
-            "labelled sequences (sequence, label: true = desirable)."
+            "labelled sequences (sequence, label: true = desirable); with loss_type sft alone, structure "
+            "records (pdb_file and chains; a sequence to train on, else the structure's own) or a folder of "
+            "structure files."
         ),
     )
     eval_file: str | None = field(
@@ -131,7 +143,8 @@ class DPOConfig:
         **field_help(
             f"Pairs: one or more of {', '.join(LOSS_TYPES)}, summed with loss_weights (sft: the NLL of the "
             "preferred sequence per residue; residpo: residue-level DPO on per-residue scores). Labelled "
-            f"sequences: one of {', '.join(kto.UNPAIRED_LOSS_TYPES)}."
+            f"sequences: one of {', '.join(kto.UNPAIRED_LOSS_TYPES)}. sft alone: supervised fine-tuning on "
+            "structure records, ProteinMPNN's training objective (label_smoothing_factor, backbone noise)."
         ),
     )
     loss_weights: list[float] | None = field(
@@ -139,6 +152,13 @@ class DPOConfig:
     )
     label_smoothing: float = field(
         default=0.0, **field_help("Probability that a label is flipped (conservative DPO; sigmoid, robust).")
+    )
+    label_smoothing_factor: float = field(
+        default=0.1,
+        **field_help(
+            "sft on structure records: the probability mass spread over the 21 letters of each target, as "
+            "ProteinMPNN's training smooths its labels."
+        ),
     )
     rpo_alpha: float | None = field(
         default=None,
@@ -333,8 +353,9 @@ class DPOConfig:
                       "per_device_eval_batch_size", "gradient_accumulation_steps", "num_decoding_orders",
                       "logging_steps", "eval_steps", "save_steps", "dataset_num_proc", "ddp_timeout",
                       "max_consecutive_nonfinite"),
-            non_negative=("backbone_noise", "eval_split", "weight_decay", "warmup_ratio", "warmup_steps",
-                          "max_grad_norm", "label_smoothing", "rpo_alpha", "residue_margin",
+            non_negative=("backbone_noise", "label_smoothing_factor", "eval_split", "weight_decay",
+                          "warmup_ratio", "warmup_steps", "max_grad_norm", "label_smoothing",
+                          "rpo_alpha", "residue_margin",
                           "residue_constraint_weight", "anchor_weight", "desirable_weight",
                           "undesirable_weight", "dataloader_num_workers", "loss_weights",
                           "recovery_tolerance"),
@@ -360,6 +381,14 @@ class DPOConfig:
             raise ValueError("save_total_limit must be at least 1 (or None: keep all)")
 
         self.resolve_metric_for_best_model()
+
+    @property
+    def record_kind(self) -> Literal["pairs", "labelled", "structures"]:
+        """What the training records hold: preference pairs, labelled sequences (KTO) or structure records
+        (loss_type sft alone)."""
+        if self.unpaired:
+            return "labelled"
+        return "structures" if self.loss_type == ["sft"] else "pairs"
 
     @property
     def unpaired(self) -> bool:
@@ -397,7 +426,14 @@ class DPOConfig:
             raise ValueError(
                 "loss_type residpo needs per-position reference log-probs: drop precompute_ref_log_probs"
             )
-        if self.anchor_weight and (self.unpaired or self.reference_free or self.precompute_ref_log_probs):
+        if self.record_kind == "structures" and (self.reference_free or self.precompute_ref_log_probs):
+            raise ValueError(
+                "loss_type sft alone trains on structure records without a reference model: drop "
+                "reference_free and precompute_ref_log_probs"
+            )
+        if self.anchor_weight and (
+            self.record_kind != "pairs" or self.reference_free or self.precompute_ref_log_probs
+        ):
             raise ValueError(
                 "anchor_weight needs pairs and the reference model's distributions during training: drop "
                 "reference_free and precompute_ref_log_probs"

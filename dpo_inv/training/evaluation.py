@@ -10,8 +10,8 @@ import torch
 from accelerate import Accelerator
 from torch.utils.data import DataLoader
 
-from dpo_inv.data.batches import PreferenceDataset, collate
-from dpo_inv.data.dataset import PairDataset, column
+from dpo_inv.data.batches import ExampleDataset, collate
+from dpo_inv.data.dataset import RecordSet, column
 from dpo_inv.models.mpnn import ProteinMPNN
 from dpo_inv.models.sampling import sample_sequences
 from dpo_inv.models.variants import LabelledVariants, evaluate_variants
@@ -41,8 +41,8 @@ def design_metrics(
         designed = (batch["decode_mask"] * batch["mask"]) > 0
         totals[:2] += torch.stack([((tokens == batch["native"]) & designed).sum(), designed.sum()])
         if native_logp:
-            native = {**batch, "chosen": batch["native"], "rejected": batch["native"]}
-            logps = pair_logps(policy, native, batch_ranks(native, config.seed, 1, config.decoding_order))
+            ranks = batch_ranks(batch, config.seed, 1, config.decoding_order)
+            logps = pair_logps(policy, batch, ranks, ("native", "native"))
             totals[2:] += torch.stack([logps.chosen.sum(), logps.num_positions.sum()])
     recovered, designed, logp, positions = accelerator.reduce(totals, "sum").tolist()
     return (recovered / designed if designed else math.nan, logp / positions if positions else math.nan)
@@ -66,10 +66,10 @@ def evaluate(accelerator, config, model, reference, loader, structures) -> dict[
     return {**metrics, "eval_recovery": recovery}
 
 
-def eval_structures(accelerator: Accelerator, data: PairDataset) -> list[dict]:
+def eval_structures(accelerator: Accelerator, data: RecordSet) -> list[dict]:
     """One example per distinct eval structure, this rank's share."""
-    _, first = np.unique(column(data.pairs, "structure_id"), return_index=True)
-    dataset = PreferenceDataset(data)
+    _, first = np.unique(column(data.records, "structure_id"), return_index=True)
+    dataset = ExampleDataset(data)
     return [dataset[int(i)] for i in sorted(first)[accelerator.process_index :: accelerator.num_processes]]
 
 

@@ -33,10 +33,10 @@ class SequenceLogps:
 def sequence_logps(
     model: torch.nn.Module, reference: torch.nn.Module, batch: dict[str, torch.Tensor], ranks: torch.Tensor
 ) -> tuple[SequenceLogps, torch.Tensor]:
-    """The policy's log p and KL term of each labelled sequence (`batch["chosen"]`), and the reference's
+    """The policy's log p and KL term of each labelled sequence (`batch["sequence"]`), and the reference's
     log p. `ranks` is [B, K, L]."""
     num_orders = ranks.shape[1]
-    sequences = batch["chosen"].unsqueeze(1).expand(-1, num_orders, -1)
+    sequences = batch["sequence"].unsqueeze(1).expand(-1, num_orders, -1)
     inputs = structure_inputs(batch)
     log_probs = model(**inputs, S=sequences, ranks=ranks).float()  # [B, K, L, 21]
     with torch.no_grad():

@@ -13,19 +13,20 @@ from accelerate import Accelerator
 from accelerate.utils import broadcast_object_list
 from torch.utils.data import DataLoader
 
-from dpo_inv.data.batches import REFERENCE_COLUMNS, PreferenceDataset, collate
+from dpo_inv.data.batches import REFERENCE_COLUMNS, ExampleDataset, collate
 from dpo_inv.data.dataset import (
-    LABEL_FIELDS,
-    PAIR_FIELDS,
-    SEQUENCE_FIELDS,
-    PairDataset,
+    LABELLED,
+    PAIRS,
+    STRUCTURES,
+    VARIANTS,
+    RecordSet,
     column,
-    load_pairs,
-    load_saved_pairs,
+    load_records,
+    load_saved_records,
 )
 from dpo_inv.data.featurized import context_counts
 from dpo_inv.data.progress import progress
-from dpo_inv.data.records import Data, DataError, data_name, load_records, write_jsonl
+from dpo_inv.data.records import Data, DataError, data_name, read_records, write_jsonl
 from dpo_inv.models.mpnn import ProteinMPNN
 from dpo_inv.models.variants import LabelledVariants, variant_labels
 from dpo_inv.models.weights import model_parse_options
@@ -40,14 +41,14 @@ from dpo_inv.training.stopping import TrainingStopped
 class RunData:
     """The training data, the eval pairs and the labelled eval variants (None when not given)."""
 
-    train: PairDataset
-    eval: PairDataset | None = None
+    train: RecordSet
+    eval: RecordSet | None = None
     variants: LabelledVariants | None = None
 
 
-def split_by_structure(data: PairDataset, fraction: float, seed: int) -> tuple[PairDataset, PairDataset]:
+def split_by_structure(data: RecordSet, fraction: float, seed: int) -> tuple[RecordSet, RecordSet]:
     """Hold out a seeded fraction of the structures with all their pairs (no structure in both splits)."""
-    structure_ids = column(data.pairs, "structure_id")
+    structure_ids = column(data.records, "structure_id")
     unique = np.unique(structure_ids)
     num_eval = max(1, round(fraction * len(unique)))
     if num_eval >= len(unique):
@@ -57,8 +58,8 @@ def split_by_structure(data: PairDataset, fraction: float, seed: int) -> tuple[P
         )
     held_out = np.random.default_rng(seed).choice(unique, size=num_eval, replace=False)
     is_eval = np.isin(structure_ids, held_out)
-    train = PairDataset(data.pairs.select(np.flatnonzero(~is_eval)), data.structures, data.source)
-    evaluation = PairDataset(data.pairs.select(np.flatnonzero(is_eval)), data.structures, data.source)
+    train = RecordSet(data.records.select(np.flatnonzero(~is_eval)), data.structures, data.source)
+    evaluation = RecordSet(data.records.select(np.flatnonzero(is_eval)), data.structures, data.source)
     return train, evaluation
 
 
@@ -78,10 +79,10 @@ def load_data(
     options = {
         "structure_roots": config.structure_root or (),
         "on_bad_record": config.on_bad_record,
-        "fields": LABEL_FIELDS if config.unpaired else PAIR_FIELDS,
+        "kind": {"pairs": PAIRS, "labelled": LABELLED, "structures": STRUCTURES}[config.record_kind],
         "require_residue_scores": "residpo" in config.loss_type,
     }
-    loaded: list[PairDataset] = []
+    loaded: list[RecordSet] = []
     variants: LabelledVariants | None = None
     failure: Exception | None = None
     if accelerator.is_main_process:
@@ -107,17 +108,17 @@ def load_data(
         return RunData(*splits, variants)
     files, saved_variants = outcome
     names = [data_name(data, name) for name, data in sources.items()]
-    saved = [load_saved_pairs(f, name) for f, name in zip(files, names, strict=True)]
+    saved = [load_saved_records(f, name) for f, name in zip(files, names, strict=True)]
     if saved_variants is not None:
         variants = LabelledVariants(
-            load_saved_pairs(saved_variants[0], config.eval_variants_file), saved_variants[1]
+            load_saved_records(saved_variants[0], config.eval_variants_file), saved_variants[1]
         )
     return RunData(*train_and_eval(config, saved), variants)
 
 
 def validate(
     config: DPOConfig, sources: dict[str, Data], options: dict
-) -> tuple[list[PairDataset], LabelledVariants | None]:
+) -> tuple[list[RecordSet], LabelledVariants | None]:
     """Load and check the training and eval data; one `DataError` reports the bad records of all of them."""
     loaded, errors, variants = [], [], None
     options["options"] = model_parse_options(
@@ -125,16 +126,16 @@ def validate(
     )
     for name, data in sources.items():
         try:
-            loaded.append(load_pairs(data, config.cache_dir, config.dataset_num_proc, name=name, **options))
+            loaded.append(load_records(data, config.cache_dir, config.dataset_num_proc, name=name, **options))
         except DataError as err:
             errors.append(str(err))
     if config.eval_variants_file:
         try:
-            data = load_pairs(
+            data = load_records(
                 config.eval_variants_file,
                 config.cache_dir,
                 config.dataset_num_proc,
-                fields=SEQUENCE_FIELDS,
+                kind=VARIANTS,
                 structure_roots=options["structure_roots"],
                 options=options["options"],
             )
@@ -149,7 +150,7 @@ def validate(
     return loaded, variants
 
 
-def train_and_eval(config: DPOConfig, loaded: list[PairDataset]) -> tuple[PairDataset, PairDataset | None]:
+def train_and_eval(config: DPOConfig, loaded: list[RecordSet]) -> tuple[RecordSet, RecordSet | None]:
     """The training and eval data: the two files, or eval_split held out of the one."""
     if len(loaded) == 2:
         return loaded[0], loaded[1]
@@ -158,7 +159,7 @@ def train_and_eval(config: DPOConfig, loaded: list[PairDataset]) -> tuple[PairDa
     return loaded[0], None
 
 
-def write_skipped(accelerator: Accelerator, config: DPOConfig, loaded: list[PairDataset]) -> None:
+def write_skipped(accelerator: Accelerator, config: DPOConfig, loaded: list[RecordSet]) -> None:
     """With on_bad_record=skip: list the records left out, with their reasons, in skipped.jsonl."""
     skipped = [record for data in loaded for record in data.skipped]
     if not skipped:
@@ -177,11 +178,11 @@ def write_skipped(accelerator: Accelerator, config: DPOConfig, loaded: list[Pair
 
 @torch.no_grad()
 def precompute_reference(
-    accelerator: Accelerator, reference: ProteinMPNN, data: PairDataset, config: DPOConfig
-) -> PairDataset:
+    accelerator: Accelerator, reference: ProteinMPNN, data: RecordSet, config: DPOConfig
+) -> RecordSet:
     """Score every pair with the reference once (sharded over ranks, gathered) and store the log-probs."""
     loader = accelerator.prepare(
-        DataLoader(PreferenceDataset(data), batch_size=config.per_device_eval_batch_size, collate_fn=collate)
+        DataLoader(ExampleDataset(data), batch_size=config.per_device_eval_batch_size, collate_fn=collate)
     )
     chosen, rejected = [], []
     for batch in progress(loader, desc="Reference log-probs", disable=not accelerator.is_main_process):
@@ -193,10 +194,10 @@ def precompute_reference(
         gathered = accelerator.gather_for_metrics(torch.stack([logps.chosen, logps.rejected], dim=-1))
         chosen.append(gathered[:, 0].cpu())
         rejected.append(gathered[:, 1].cpu())
-    pairs = data.pairs
+    records = data.records
     for name, values in zip(REFERENCE_COLUMNS, (chosen, rejected), strict=True):
-        pairs = pairs.add_column(name, torch.cat(values).tolist())
-    return PairDataset(pairs, data.structures, data.source)
+        records = records.add_column(name, torch.cat(values).tolist())
+    return RecordSet(records, data.structures, data.source)
 
 
 def save_in_memory(accelerator: Accelerator, config: DPOConfig, name: str, data: Data) -> str:
@@ -205,7 +206,7 @@ def save_in_memory(accelerator: Accelerator, config: DPOConfig, name: str, data:
     path = Path(config.output_dir) / f"{name}.jsonl"
     if accelerator.is_main_process:
         rows = []
-        for record in load_records(data, name):
+        for record in read_records(data, name):
             row = dict(record.data)
             for key in ("pdb_file", "structure"):
                 if isinstance(row.get(key), str):

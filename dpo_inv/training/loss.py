@@ -70,13 +70,19 @@ def batch_ranks(
     return decoding_ranks(batch["decode_mask"], batch["mask"], seeds, num_orders, batch["length"].tolist())
 
 
-def pair_logps(model: torch.nn.Module, batch: dict[str, torch.Tensor], ranks: torch.Tensor) -> PairLogps:
-    """Score the preferred and dispreferred sequence of each pair under each decoding order.
+def pair_logps(
+    model: torch.nn.Module,
+    batch: dict[str, torch.Tensor],
+    ranks: torch.Tensor,
+    columns: tuple[str, str] = ("chosen", "rejected"),
+) -> PairLogps:
+    """Score two sequences of each example under each decoding order: the preferred and dispreferred one of
+    a pair, or the two `columns` named (a variant and its wild type: ``("sequence", "wildtype")``).
 
     `ranks` is [B, K, L] (K decoding orders); the structure is encoded once for all 2K sequences.
     """
     num_orders = ranks.shape[1]
-    sequences = torch.stack([batch["chosen"], batch["rejected"]], dim=1)  # [B, 2, L]
+    sequences = torch.stack([batch[columns[0]], batch[columns[1]]], dim=1)  # [B, 2, L]
     sequences = sequences.repeat_interleave(num_orders, dim=1)  # [B, 2K, L]: chosen x K, rejected x K
     log_probs = model(S=sequences, ranks=ranks.repeat(1, 2, 1), **structure_inputs(batch))  # [B, 2K, L, 21]
     token = log_probs.float().gather(-1, sequences.unsqueeze(-1)).squeeze(-1)  # [B, 2K, L]

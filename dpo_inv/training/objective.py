@@ -1,5 +1,6 @@
 """The objective of one batch: policy and reference log-probabilities, the loss, per-example metric rows,
-and the metrics they sum to — for pairs (DPO and its relatives) and for labelled sequences (KTO)."""
+and the metrics they sum to — for pairs (DPO and its relatives), labelled sequences (KTO) and structure
+records (SFT)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import torch
 from accelerate import Accelerator
 
 from dpo_inv.models.mpnn import ProteinMPNN
-from dpo_inv.training import kto
+from dpo_inv.training import kto, sft
 from dpo_inv.training.config import DPOConfig
 from dpo_inv.training.loss import (
     METRICS,
@@ -29,7 +30,9 @@ def add_rows(totals: dict[str, float], rows: Rows) -> None:
 
 
 def summarize(config: DPOConfig, totals: dict[str, float], count: int) -> dict[str, float]:
-    """The metrics of `count` examples whose rows sum to `totals`: TRL's names (`METRICS`, or KTO's)."""
+    """The metrics of `count` examples whose rows sum to `totals`: TRL's names (`METRICS`, KTO's, SFT's)."""
+    if config.record_kind == "structures":
+        return sft.summarize(totals)
     if config.unpaired:
         return kto.summarize(totals, count)
     return {name: totals[name] / count for name in METRICS}
@@ -59,6 +62,8 @@ def step_metrics(
     With `accelerator`, a collective for KTO (z0 is averaged over all processes): every rank calls it
     once per batch; without, z0 is this batch's."""
     ranks = batch_ranks(batch, config.seed, config.num_decoding_orders, config.decoding_order, epoch)
+    if config.record_kind == "structures":
+        return sft.sft_step(model, batch, ranks, config.label_smoothing_factor, accelerator)
     if config.unpaired:
         return unpaired_step(config, model, reference, batch, ranks, accelerator)
     policy = pair_logps(model, batch, ranks)

@@ -25,11 +25,11 @@ from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 from transformers import get_scheduler
 
-from dpo_inv.data.batches import LengthGroupedSampler, PreferenceDataset, collate
+from dpo_inv.data.batches import ExampleDataset, LengthGroupedSampler, collate
 from dpo_inv.data.dataset import column
 from dpo_inv.data.progress import progress
 from dpo_inv.data.records import Data, is_file
-from dpo_inv.models.mpnn import ProteinMPNN
+from dpo_inv.models.mpnn import ProteinMPNN, derive_seed
 from dpo_inv.models.weights import load_model
 from dpo_inv.training.checkpoints import (
     TrainerState,
@@ -88,17 +88,25 @@ def build_accelerator(config: DPOConfig, **options: Any) -> tuple[Accelerator, s
 
 
 def model_overrides(config: DPOConfig) -> dict[str, float]:
-    """The policy's training settings: backbone noise, and no dropout with disable_dropout."""
-    return {"augment_eps": config.backbone_noise, **({"dropout": 0.0} if config.disable_dropout else {})}
+    """The policy's training settings: backbone noise (where set) and no dropout with disable_dropout,
+    by default on for preference losses and off for sft."""
+    sft = config.record_kind == "structures"
+    noise = {} if config.backbone_noise is None else {"augment_eps": config.backbone_noise}
+    disable = not sft if config.disable_dropout is None else config.disable_dropout
+    return {**noise, **({"dropout": 0.0} if disable else {})}
 
 
 def load_models(config: DPOConfig, device: torch.device) -> tuple[ProteinMPNN, ProteinMPNN | None]:
-    """The policy, and the reference (None when reference-free): frozen, in eval mode, on `device`, never
-    wrapped for DDP. Each rank loads its own copy: a rank that cannot (a file missing on its node) fails
-    alone, naming the cause, and its launcher ends the job."""
+    """The policy, and the reference (None when reference-free or for sft): frozen, in eval mode, on
+    `device`, never wrapped for DDP. Without a backbone_noise, the policy trains with the noise its weights
+    were trained with for sft, none otherwise. Each rank loads its own copy: a rank that cannot (a file
+    missing on its node) fails alone, naming the cause, and its launcher ends the job."""
     model = load_model(config.model_name_or_path, **model_overrides(config))
+    if config.backbone_noise is None:
+        sft = config.record_kind == "structures"
+        model.config.augment_eps = float(model.config.noise_level or 0.0) if sft else 0.0
     reference = None
-    if not config.reference_free:
+    if not config.reference_free and config.record_kind != "structures":
         name = config.ref_model_name_or_path or config.model_name_or_path
         reference = load_model(name, augment_eps=0.0).to(device).eval().requires_grad_(False)
     return model, reference
@@ -207,7 +215,7 @@ def prepare_run(
             data.variants,
         )
         reference = None
-    train_set = PreferenceDataset(data.train)
+    train_set = ExampleDataset(data.train)
     global_batch = config.per_device_train_batch_size * accelerator.num_processes
     options = {
         "collate_fn": collate,
@@ -218,7 +226,7 @@ def prepare_run(
     train_loader = DataLoader(train_set, config.per_device_train_batch_size, sampler=sampler, **options)
     eval_loader, recovery_structures = None, []
     if data.eval is not None:
-        eval_loader = DataLoader(PreferenceDataset(data.eval), config.per_device_eval_batch_size, **options)
+        eval_loader = DataLoader(ExampleDataset(data.eval), config.per_device_eval_batch_size, **options)
         recovery_structures = eval_structures(accelerator, data.eval)
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay
@@ -260,13 +268,13 @@ def announce(run: Run, setup: str) -> None:
     if accelerator.is_main_process:
         run.output_dir.mkdir(parents=True, exist_ok=True)
         (run.output_dir / "config.yaml").write_text(yaml.safe_dump(config.to_dict(), sort_keys=False))
-    unit = "sequences" if config.unpaired else "pairs"
-    evals = f"{0 if data.eval is None else len(data.eval.pairs)} eval {unit}"
+    unit = {"pairs": "pairs", "labelled": "sequences", "structures": "structure records"}[config.record_kind]
+    evals = f"{0 if data.eval is None else len(data.eval.records)} eval {unit}"
     evals += f", {len(data.variants.labels)} eval variants" if data.variants is not None else ""
     global_batch = config.per_device_train_batch_size * accelerator.num_processes
     say(
         accelerator,
-        f"{len(data.train.pairs)} training {unit}, {evals}; {accelerator.num_processes} process(es) on "
+        f"{len(data.train.records)} training {unit}, {evals}; {accelerator.num_processes} process(es) on "
         f"{accelerator.device} ({setup}); batch {config.per_device_train_batch_size} per device, global "
         f"batch {global_batch * config.gradient_accumulation_steps}; {run.steps.total} optimizer steps",
     )
@@ -278,21 +286,21 @@ def data_notes(config: DPOConfig, data: RunData, steps: Steps) -> list[str]:
     """What would make a run not what its user meant: many passes over the data, or an eval split that
     leaves a few structures to train on."""
     notes = []
-    unit = "sequences" if config.unpaired else "pairs"
+    unit = {"pairs": "pairs", "labelled": "sequences", "structures": "structure records"}[config.record_kind]
     passes = steps.total / steps.per_epoch
     if passes > MAX_PASSES:
         notes.append(
-            f"{steps.total} optimizer steps pass over the {len(data.train.pairs)} training {unit} "
+            f"{steps.total} optimizer steps pass over the {len(data.train.records)} training {unit} "
             f"{passes:.0f} times (more than {MAX_PASSES}), which overfits them; lower max_steps or give more "
             "data"
         )
     split = data.eval is not None and data.eval.source == data.train.source  # eval_split held out of train
-    structures = len(np.unique(column(data.train.pairs, "structure_id"))) if split else None
+    structures = len(np.unique(column(data.train.records, "structure_id"))) if split else None
     if structures is not None and structures < FEW_STRUCTURES:
-        held_out = len(np.unique(column(data.eval.pairs, "structure_id")))
+        held_out = len(np.unique(column(data.eval.records, "structure_id")))
         notes.append(
             f"eval_split={config.eval_split} held out {held_out} of {held_out + structures} structures "
-            f"({len(data.eval.pairs)} {unit}), leaving {structures} to train on; give an eval_file, or "
+            f"({len(data.eval.records)} {unit}), leaving {structures} to train on; give an eval_file, or "
             "eval_split 0 to train on all"
         )
     return notes
@@ -316,6 +324,9 @@ def micro_step(run: Run, batch: dict[str, torch.Tensor], epoch: int) -> tuple[Ro
     by name, and whether the step was finite (every rank decides the same: losses are gathered, gradients
     all-reduced)."""
     accelerator, model = run.accelerator, run.model
+    # backbone noise and dropout drawn from the micro-batch's own seed: a resumed run draws what one that
+    # was never stopped draws, whatever ran in between (evaluation, checkpoints)
+    torch.manual_seed(derive_seed(run.config.seed, epoch, int(batch["index"][0]), accelerator.process_index))
     with accelerator.accumulate(model):
         loss, rows = step_metrics(run.config, model, run.reference, batch, epoch, accelerator)
         accelerator.backward(loss)
@@ -401,8 +412,9 @@ def train_loop(run: Run) -> None:
     run.model.train()
     window = Window()
     finite = True
-    bar = progress(total=run.steps.total, initial=state.global_step, desc="KTO" if config.unpaired else "DPO",
-                   unit="step", disable=not run.accelerator.is_main_process)  # fmt: skip
+    name = {"pairs": "DPO", "labelled": "KTO", "structures": "SFT"}[config.record_kind]
+    bar = progress(total=run.steps.total, initial=state.global_step, desc=name, unit="step",
+                   disable=not run.accelerator.is_main_process)  # fmt: skip
     with StopSignals(run.accelerator) as signals, bar:
         for epoch in range(state.epoch, run.steps.epochs):
             for batch in epoch_batches(run, epoch):
@@ -529,8 +541,9 @@ def train(
         )
         model, reference = load_models(config, accelerator.device)
         reference_name = config.ref_model_name_or_path or "the policy's starting weights"
-        reference_name = "none" if config.reference_free else reference_name
-        say(accelerator, f"Policy {config.model_name_or_path}; reference {reference_name}")
+        reference_name = "none" if reference is None else reference_name
+        noise = f"backbone noise {model.config.augment_eps:.2f} Å, dropout {model.config.dropout:g}"
+        say(accelerator, f"Policy {config.model_name_or_path} ({noise}); reference {reference_name}")
         accelerator.init_trackers(config.run_name, config=config.to_sanitized_dict())
         with ending(accelerator):
             fitted = fit(accelerator, config, model, reference, data, setup)
