@@ -9,8 +9,8 @@ TORCH ?= torch==2.13.0
 STABILITY ?= ../shared/stability/train.jsonl
 STABILITY_DIR := outputs/stability
 
-.PHONY: setup example ligand-example kto-example residpo-example rounds-example stability adapt-example test test-fast \
-	lint clean
+.PHONY: setup example ligand-example kto-example residpo-example rounds-example sft-example stability adapt-example \
+	test test-fast lint clean
 
 setup: $(VENV)/.installed
 
@@ -55,6 +55,11 @@ rounds-example: setup
 	$(PY) -m dpo_inv rounds --config configs/rounds_example.yaml
 
 # held-out domains (homologues kept together) pick the best model; pairs of mutants at one position train it
+sft-example: setup
+	$(PY) -m dpo_inv.run --config configs/sft_example.yaml --mixed_precision $(EXAMPLE_PRECISION)
+	$(PY) -m dpo_inv.run --config configs/example.yaml --mixed_precision $(EXAMPLE_PRECISION) \
+		--model_name_or_path outputs/sft_example/final --output_dir outputs/sft_then_dpo
+
 stability: setup
 	$(PY) scripts/split_by_domain.py $(STABILITY) --output_dir $(STABILITY_DIR)/data --held_out 0.15 --seed 0
 	$(PY) -m dpo_inv pairs $(STABILITY_DIR)/data/train.jsonl --output $(STABILITY_DIR)/data/pairs.jsonl \

@@ -83,12 +83,14 @@ def test_structure_records_hold_the_native_or_the_given_sequence(tmp_path: Path)
     bad = [
         {"pdb_file": str(folder / "1eteA.pdb.gz"), "sequence": design[:-1]},
         {"pdb_file": str(folder / "1mr1D_failing.pdb.gz"), "mutable_positions": [missing]},
+        {"pdb_file": str(folder / "1eteA.pdb.gz"), "preferred_seq": design, "unpreferred_seq": native},
     ]
     with pytest.raises(DataError) as error:
         load_records(bad, tmp_path / "cache", kind=STRUCTURE_RECORDS, name="designs")
     lines = str(error.value).splitlines()
     assert lines[0].startswith("designs record 0: sequence has length") and "residues" in lines[0]
     assert lines[1].startswith("designs record 1: no designed residue of chains ['D']")
+    assert lines[2].startswith("designs record 2: a pair (preferred_seq) where structure records are read")
     with pytest.raises(DataError, match="a folder with no structure file"):
         load_records(tmp_path / "cache", tmp_path / "cache2", kind=STRUCTURE_RECORDS)
 

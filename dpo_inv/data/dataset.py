@@ -284,6 +284,12 @@ def _row(data: dict, kind: RecordKind, structure: dict, residue: bool) -> dict:
     """The stored columns of one record of `kind` on its `structure` (the columns error, num_designed,
     design_chains, residue_ids and native); a ValueError or TypeError says what is wrong."""
     num_designed, chains, pdb = structure["num_designed"], tuple(structure["design_chains"]), data["pdb_file"]
+    if kind is STRUCTURES and data.get("preferred_seq") is not None:
+        raise ValueError(
+            "a pair (preferred_seq) where structure records are read: loss_type sft alone trains on "
+            "structures and their sequences; for the NLL of preferred sequences beside DPO give loss_type "
+            "[sigmoid, sft], to train on a design name it sequence"
+        )
     row: dict[str, Any] = {}
     for column, field in kind.sequences.items():
         fallback = kind.optional.get(column)

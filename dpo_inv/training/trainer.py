@@ -428,7 +428,8 @@ def train_loop(run: Run) -> None:
                 if not run.accelerator.sync_gradients:
                     continue
                 bar.update(1)
-                bar.set_postfix(loss=f"{window.totals['loss'] / window.count:.4f}", refresh=False)
+                loss = summarize(run.config, window.totals, window.count)["loss"]
+                bar.set_postfix(loss=f"{loss:.4f}", refresh=False)
                 window = end_of_step(run, window, finite, signals, epoch)
                 finite = True
                 if state.global_step >= run.steps.total:
