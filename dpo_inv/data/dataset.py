@@ -26,6 +26,7 @@ from dpo_inv.data.records import (
     BadRecord,
     Data,
     DataError,
+    Record,
     as_list,
     data_digest,
     data_name,
@@ -368,9 +369,45 @@ def load_records(
         records = complete_records(records, given)
     root_name = "the data file's folder" if is_file(data) else "the working directory"
     bad: dict[int, BadRecord] = {}
-    keys: dict[tuple[str, tuple[str, ...], tuple[str, ...]], int] = {}
-    found: dict[tuple[str, ...], tuple | str] = {}  # each structure reference checked once: key or error
-    usable: list[tuple[int, int]] = []  # (record number, structure id)
+    keys, usable = _structure_keys(records, root, allowed, root_name, bad)
+    structures, structures_dir = None, None
+    batches: list[pa.RecordBatch] = []
+    if keys:
+        structures, structures_dir, _ = build_structures(list(keys), cache_dir, num_proc, options)
+        batches = _record_batches(records, usable, structures, kind, options, require_residue_scores, bad)
+    skipped = tuple(bad[number] for number in sorted(bad))
+    if len(skipped) == len(records) > 1 and len({b.reason for b in skipped}) == 1:
+        raise DataError(f"{source}: every one of its {len(records)} records: {skipped[0].reason}")
+    if skipped and on_bad_record == "fail":
+        raise_bad_records([str(b) for b in skipped])
+    table = datasets.Dataset(InMemoryTable(pa.Table.from_batches(batches, schema=kind.features.arrow_schema)))
+    if not table.num_rows:
+        raise_bad_records(
+            [*map(str, skipped), f"{source}: no usable record among {len(records)}; fix the records above"]
+        )
+    made_of = {"structures": structures_dir.name, "skipped": [dataclasses.asdict(b) for b in skipped]}
+    save_atomically(table, records_dir, json.loads(json.dumps(made_of, default=str)))
+    return RecordSet(
+        records=load_saved(records_dir),
+        structures=structures,
+        source=source,
+        skipped=skipped,
+        files=(str(records_dir), str(structures_dir)),
+    )
+
+
+Key = tuple[str, tuple[str, ...], tuple[str, ...]]  # (structure file, designed chains, fixed chains)
+
+
+def _structure_keys(
+    records: list[Record], root: Path, allowed: list[Path], root_name: str, bad: dict[int, BadRecord]
+) -> tuple[dict[Key, int], list[tuple[int, int]]]:
+    """The distinct structures the records name (key -> structure id) and the (record number, structure id)
+    of each record that names a usable one; the others go to `bad`. Each structure reference is checked
+    once."""
+    keys: dict[Key, int] = {}
+    found: dict[tuple[str, ...], Key | str] = {}  # a structure reference's key, or why it has none
+    usable: list[tuple[int, int]] = []
     for number, record in enumerate(records):
         if record.data is None:
             bad[number] = BadRecord(record.location, record.error)
@@ -387,23 +424,32 @@ def load_records(
             bad[number] = BadRecord(record.location, key, record.data)
             continue
         usable.append((number, keys.setdefault(key, len(keys))))
+    return keys, usable
 
-    structures, structures_dir = None, None
-    if keys:
-        structures, structures_dir, _ = build_structures(list(keys), cache_dir, num_proc, options)
-        # plain lists: one column read, not one per record
-        read = {
-            name: list(structures[name]) for name in ("error", "num_designed", "design_chains", "residue_ids")
-        }
-        if kind is STRUCTURES:  # the native sequence, and which of its designed residues are observed
-            read["native"] = list(structures["native"])
-            read["observed"] = [
-                np.asarray(m[:n]) > 0 for m, n in zip(structures["mask"], read["num_designed"], strict=True)
-            ]
-        paths = [key[0] for key in keys]
+
+def _record_batches(
+    records: list[Record],
+    usable: list[tuple[int, int]],
+    structures: datasets.Dataset,
+    kind: RecordKind,
+    options: ParseOptions,
+    require_residue_scores: bool,
+    bad: dict[int, BadRecord],
+) -> list[pa.RecordBatch]:
+    """The stored rows of the usable records of `kind` on their parsed `structures`, as Arrow batches of
+    `ARROW_BATCH` rows (compact, not a list per row); the records that fail validation go to `bad`."""
+    # plain lists: one column read, not one per record
+    read = {
+        name: list(structures[name]) for name in ("error", "num_designed", "design_chains", "residue_ids")
+    }
+    if kind is STRUCTURES:  # the native sequence, and which of its designed residues are observed
+        read["native"] = list(structures["native"])
+        read["observed"] = [
+            np.asarray(m[:n]) > 0 for m, n in zip(structures["mask"], read["num_designed"], strict=True)
+        ]
     features = kind.features
     columns: dict[str, list] = {name: [] for name in features}
-    batches: list[pa.RecordBatch] = []  # the rows so far, ARROW_BATCH at a time: compact, not a list per row
+    batches: list[pa.RecordBatch] = []
     for number, sid in usable:
         location, data = records[number].location, normalise(records[number].data)
         if read["error"][sid]:
@@ -414,7 +460,7 @@ def load_records(
                 data, kind, {name: column[sid] for name, column in read.items()}, require_residue_scores
             )
         except LengthError as err:
-            path, chains = paths[sid], tuple(read["design_chains"][sid])
+            path, chains = structures[sid]["path"], tuple(read["design_chains"][sid])
             hint = other_reading_hint(path, chains, options, err.length)
             bad[number] = BadRecord(location, f"{err}{hint}", records[number].data)
             continue
@@ -427,25 +473,7 @@ def load_records(
             batches.append(pa.RecordBatch.from_pydict(columns, schema=features.arrow_schema))
             columns = {name: [] for name in features}
     batches.append(pa.RecordBatch.from_pydict(columns, schema=features.arrow_schema))
-    skipped = tuple(bad[number] for number in sorted(bad))
-    if len(skipped) == len(records) > 1 and len({b.reason for b in skipped}) == 1:
-        raise DataError(f"{source}: every one of its {len(records)} records: {skipped[0].reason}")
-    if skipped and on_bad_record == "fail":
-        raise_bad_records([str(b) for b in skipped])
-    table = datasets.Dataset(InMemoryTable(pa.Table.from_batches(batches)))
-    if not table.num_rows:
-        raise_bad_records(
-            [*map(str, skipped), f"{source}: no usable record among {len(records)}; fix the records above"]
-        )
-    made_of = {"structures": structures_dir.name, "skipped": [dataclasses.asdict(b) for b in skipped]}
-    save_atomically(table, records_dir, json.loads(json.dumps(made_of, default=str)))
-    return RecordSet(
-        records=load_saved(records_dir),
-        structures=structures,
-        source=source,
-        skipped=skipped,
-        files=(str(records_dir), str(structures_dir)),
-    )
+    return batches
 
 
 def _validated_before(records_dir: Path, source: str, options: ParseOptions) -> RecordSet | None:
