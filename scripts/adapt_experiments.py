@@ -9,7 +9,10 @@ stability on that domain's remaining mutants of
   model when it keeps that);
 - `adapt_ridge`: the augmented ridge model on the adapted model's score;
 - `final_ridge`: the same as `dpo-inv adapt` ships it (`augmented_ridge.json`) and `dpo-inv score --ridge`
-  applies it, on the adapted model's score in adapt's order (left to right).
+  applies it, on the adapted model's score in adapt's order (left to right): fitted on each labelled
+  variant's cross-fitted score (from the fold model that did not train on it);
+- `final_ridge_in_sample`: the same, fitted on the adapted model's own scores of the labels it trained on
+  (what adapt shipped before the cross-fitting).
 
 Other scores on the remaining mutants use `dpo-inv score`'s estimator and default order (conditional,
 random).
@@ -40,7 +43,7 @@ from dpo_inv.tools.adapt import AdaptConfig, choose_and_train, fit_augmented_rid
 from dpo_inv.tools.ridge import augmented_features, fit_ridge_cv, one_hot
 
 ROOT = Path(__file__).resolve().parents[1]
-METHODS = ("zero_shot", "ridge", "augmented", "adapt", "adapt_ridge", "final_ridge")
+METHODS = ("zero_shot", "ridge", "augmented", "adapt", "adapt_ridge", "final_ridge", "final_ridge_in_sample")
 
 
 def domain_records(path: Path, domain: str) -> list[dict]:
@@ -76,16 +79,20 @@ def run_domain(domain: str, args: argparse.Namespace, done: set, output) -> None
             train, test = rows[:n], rows[n:]
             result = choose_and_train(model, [full.subset(train)], config)
             seconds = time.time() - start
-            shipped = fit_augmented_ridge(result.model, [full.subset(train)], data, config)
+            labelled = full.subset(train)
+            shipped = fit_augmented_ridge(result.model, [labelled], result.out_of_fold, data, config)
             with torch.no_grad():
                 adapted = evaluation.deltas(result.model).numpy()
                 in_order = full.deltas(result.model).numpy()
+                fitted = [labelled.deltas(result.model).cpu().numpy()]
+            in_sample = fit_augmented_ridge(result.model, [labelled], fitted, data, config)
             ridge = fit_ridge_cv(one_hot(tokens[train]), labels[train], seed=seed)
             scores = {
                 "zero_shot": base,
                 "ridge": ridge.predict(one_hot(tokens)),
                 "adapt": adapted,
                 "final_ridge": shipped.predict(next(iter(shipped.proteins)), tokens, in_order),
+                "final_ridge_in_sample": in_sample.predict(next(iter(in_sample.proteins)), tokens, in_order),
             }
             for name, score in (("augmented", base), ("adapt_ridge", adapted)):
                 features = augmented_features(tokens, score)

@@ -5,13 +5,14 @@ perplexity on that family, and what does it cost on other proteins?
 
 The family: the 77 small domains of `../shared/stability/structures` (AlphaFold2 models), split by domain with
 homologues kept together (`split_by_domain.clusters`: same PDB code or >= 40% local identity), 20% of the
-domains held out per seed. For each seed, `dpo-inv train --loss_type sft` trains on the others' structures
-(their native sequences; ProteinMPNN's objective: label smoothing 0.1, the model's 0.20 Å backbone noise,
-dropout), `--eval_split` of them held out to keep the best model by eval loss (`best/`, evaluated from the
-start, so it may be the base model). The base model and the SFT model are then measured on the held-out
-domains and on the 26 single-chain crystal structures of `../shared/structures`: perplexity (exp of the mean
-NLL per residue, one random decoding order per structure, no noise) and native recovery (greedy decoding). One
-JSON line per seed is appended to WORK_DIR/results.jsonl; the last line printed is the table's summary.
+domains held out per seed, and 15% of the rest (`--valid`, homologues kept together again) to keep the best
+model by eval loss (`best/`, evaluated from the start, so it may be the base model). For each seed, `dpo-inv
+train --loss_type sft` trains on the others' structures (their native sequences; ProteinMPNN's objective:
+label smoothing 0.1, `--backbone_noise`: by default the model's 0.20 Å, dropout). The base model and the SFT
+model are then measured on the held-out domains and on the 26 single-chain crystal structures of
+`../shared/structures`: perplexity (exp of the mean NLL per residue, one random decoding order per structure,
+no noise) and native recovery (greedy decoding). One JSON line per seed is appended to WORK_DIR/results.jsonl;
+the last line printed is the table's summary.
 """
 
 from __future__ import annotations
@@ -99,7 +100,8 @@ def main() -> None:
     parser.add_argument("--held_out", type=float, default=0.2)
     parser.add_argument("--max_steps", type=int, default=200)
     parser.add_argument("--learning_rate", type=float, default=1e-4)
-    parser.add_argument("--eval_split", type=float, default=0.15, help="training domains that pick best/")
+    parser.add_argument("--valid", type=float, default=0.15, help="of the training domains: pick best/")
+    parser.add_argument("--backbone_noise", type=float, default=0.2, help="Å; 0.2 is v_48_020's own")
     parser.add_argument("--eval_steps", type=int, default=20)
     parser.add_argument("--batch_size", type=int, default=8)
     parser.add_argument("--model", default="vanilla/v_48_020")
@@ -111,14 +113,16 @@ def main() -> None:
     results = []
     for seed in args.seeds:
         train, test = split(wildtypes, args.held_out, seed)
+        train, valid = split({d: wildtypes[d] for d in train}, args.valid, seed + 1000)
         folder = args.work_dir / f"seed{seed}"
         folder.mkdir(exist_ok=True)
         train_file = write_records(folder / "train.jsonl", train)
+        valid_file = write_records(folder / "valid.jsonl", valid)
         test_file = write_records(folder / "held_out.jsonl", test)
         output = folder / "sft"
         command = [sys.executable, "-m", "dpo_inv.run", "--model_name_or_path", args.model,
-                   "--loss_type", "sft", "--train_file", str(train_file),
-                   "--eval_split", str(args.eval_split), "--max_steps", str(args.max_steps),
+                   "--loss_type", "sft", "--train_file", str(train_file), "--eval_file", str(valid_file),
+                   "--backbone_noise", str(args.backbone_noise), "--max_steps", str(args.max_steps),
                    "--learning_rate", str(args.learning_rate),
                    "--per_device_train_batch_size", str(args.batch_size), "--warmup_steps", "10",
                    "--logging_steps", str(args.eval_steps), "--eval_steps", str(args.eval_steps),
@@ -127,7 +131,9 @@ def main() -> None:
         shutil.rmtree(output, ignore_errors=True)
         subprocess.run(command, check=True)
         held_out = [json.loads(line) for line in test_file.read_text().splitlines()]
-        result = {"seed": seed, "train_domains": len(train), "held_out_domains": len(test)}
+        result = {"seed": seed, "train_domains": len(train), "valid_domains": len(valid),
+                  "held_out_domains": len(test), "learning_rate": args.learning_rate,
+                  "backbone_noise": args.backbone_noise}  # fmt: skip
         for name, model in (("base", args.model), ("sft", str(output / "best"))):
             result[name] = {
                 "family": measure(model, held_out, cache),

@@ -15,8 +15,9 @@ from dpo_inv.data.dataset import VARIANTS, load_records
 from dpo_inv.models.variants import conditional_head, conditional_log_probs, conditional_states, spearman
 from dpo_inv.models.weights import load_model
 from dpo_inv.structures.parse import ALPHABET
+from dpo_inv.tools.adapt import AdaptConfig, variant_sets
 from dpo_inv.tools.folds import assign_folds, variant_groups
-from dpo_inv.tools.ridge import augmented_features, fit_ridge, fit_ridge_cv, one_hot
+from dpo_inv.tools.ridge import AugmentedRidge, augmented_features, fit_ridge, fit_ridge_cv, one_hot
 
 DOMAIN = "2jws_A_7-54"  # 48 residues
 ADAPT = (sys.executable, "-m", "dpo_inv", "adapt")
@@ -146,17 +147,29 @@ def test_the_augmented_ridge_adapt_ships_is_what_score_applies(tmp_path):
     ridge, final = tmp_path / "out" / "augmented_ridge.json", str(tmp_path / "out" / "final")
     assert report["final_ridge"] == str(ridge) and ridge.is_file()
     assert f"{ridge} (dpo-inv score --ridge)" in result.stdout.splitlines()[-1]
-    # score computes the delta_logp the ridge was fitted on (adapt's order, no option needed), then the
-    # ridge on it: refitting on the labelled variants' scored delta_logp gives the same predictions
+    # score computes the delta_logp the ridge was fitted for (adapt's estimator and order, no option
+    # needed): equal to adapt's own scores of the final model; then the ridge on it
     scored = score_command(tmp_path, "--model", final, "--data", str(labelled), "--ridge", str(ridge))
     assert scored.returncode == 0, scored.stderr
     assert json.loads(scored.stdout)["spearman_of"] == "predicted_label"
     rows = [json.loads(line) for line in (tmp_path / "scored.jsonl").read_text().splitlines()]
-    features = augmented_features(
-        np.stack([tokens(r["sequence"]) for r in rows]), np.array([r["delta_logp"] for r in rows])
+    model, labels = load_model(final), np.array([r["label"] for r in rows])
+    data = load_records(labelled, tmp_path / "cache", kind=VARIANTS)
+    (labelled_set,) = variant_sets(model, data, labels, AdaptConfig(data=str(labelled)), torch.device("cpu"))
+    with torch.no_grad():
+        adapt_deltas = labelled_set.deltas(model).numpy()
+    np.testing.assert_allclose([r["delta_logp"] for r in rows], adapt_deltas, atol=1e-4)
+    shipped = AugmentedRidge.load(ridge)
+    wildtype, variants = next(iter(shipped.proteins)), np.stack([tokens(r["sequence"]) for r in rows])
+    np.testing.assert_allclose(
+        [r["predicted_label"] for r in rows], shipped.predict(wildtype, variants, adapt_deltas), atol=1e-3
     )
-    refitted = fit_ridge_cv(features, np.array([r["label"] for r in rows]), 1, seed=42).predict(features)
-    np.testing.assert_allclose([r["predicted_label"] for r in rows], refitted, atol=1e-3)
+    # fitted on cross-fitted scores: the adapted model's in-sample scores of its own labels give another fit
+    assert report["decision"] == "adapted"
+    refitted = fit_ridge_cv(augmented_features(variants, adapt_deltas), labels, 1, seed=42).predict(
+        augmented_features(variants, adapt_deltas)
+    )
+    assert np.abs(np.array([r["predicted_label"] for r in rows]) - refitted).max() > 1e-2
     # lower-is-better labels come back in their own units and direction
     flipped = write(tmp_path / "ddg.jsonl", [{**r, "ddg": -r["label"]} for r in domain_rows(40)])
     result = run(str(flipped), "--output_dir", str(tmp_path / "ddg"), *QUICK, "--score_field", "ddg",

@@ -26,8 +26,10 @@ from dpo_inv.data.batches import ExampleDataset, collate
 from dpo_inv.data.dataset import STRUCTURES as STRUCTURE_RECORDS
 from dpo_inv.data.dataset import load_records
 from dpo_inv.data.records import DataError
-from dpo_inv.structures.parse import ALPHABET
+from dpo_inv.models.weights import load_model
+from dpo_inv.structures.parse import ALPHABET, ParseOptions
 from dpo_inv.training import sft
+from dpo_inv.training.loss import batch_ranks
 
 
 @pytest.mark.parametrize(
@@ -167,3 +169,18 @@ def test_sft_bad_settings_are_one_line(tmp_path: Path, small_folder: Path, args,
     result = subprocess.run(command, cwd=ROOT, env=env(tmp_path), capture_output=True, text=True, timeout=300)
     assert result.returncode == 2, result.stderr
     assert message in result.stderr and "Traceback" not in result.stderr
+
+
+def test_ligandmpnn_sft_sees_the_ligand_context(tmp_path: Path):
+    """On LigandMPNN the loss of a protein–DNA–zinc structure depends on its context atoms."""
+    model = load_model("ligand/v_32_010_25")
+    records = [{"pdb_file": str(STRUCTURES / "1BC8.pdb.gz"), "chain_id": "C"}]
+    losses = []
+    for context in (True, False):
+        options = ParseOptions(ligand_mpnn=True, ligand_context=context)
+        data = load_records(records, tmp_path / "cache", kind=STRUCTURE_RECORDS, options=options)
+        batch = collate([ExampleDataset(data)[0]])
+        assert (batch["context_mask"].sum() > 0) == context
+        with torch.no_grad():
+            losses.append(sft.sft_step(model, batch, batch_ranks(batch, 0, 1, "random"), 0.1)[0].item())
+    assert losses[0] != losses[1]

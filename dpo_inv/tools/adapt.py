@@ -285,25 +285,24 @@ def ridge_out_of_fold(sets: Sequence[VariantSet], folds: Sequence[np.ndarray], s
     return predictions
 
 
-def fit_augmented_ridge(model: ProteinMPNN, sets: Sequence[VariantSet], data: RecordSet,
-                        config: AdaptConfig) -> AugmentedRidge:  # fmt: skip
-    """Augmented ridge on `model`'s `delta_logp`, fitted on every label: one model per wild type (the sets
-    of one wild type on several structures pooled)."""
-    by_wildtype: dict[str, list[VariantSet]] = {}
-    for variant_set in sets:
-        by_wildtype.setdefault("".join(ALPHABET[t] for t in variant_set.wildtype), []).append(variant_set)
+def fit_augmented_ridge(model: ProteinMPNN, sets: Sequence[VariantSet], scores: Sequence[np.ndarray],
+                        data: RecordSet, config: AdaptConfig) -> AugmentedRidge:  # fmt: skip
+    """Augmented ridge for `model`'s `delta_logp`, fitted on every label: one model per wild type (the sets
+    of one wild type on several structures pooled). Each labelled variant's score is `scores` (per set):
+    cross-fitted, by a model that did not train on its label, so that the ridge weighs the adapted score by
+    how well it predicts variants it has not seen, as it will be used, not by how well it was fitted."""
+    by_wildtype: dict[str, list[int]] = {}
+    for i, variant_set in enumerate(sets):
+        by_wildtype.setdefault("".join(ALPHABET[t] for t in variant_set.wildtype), []).append(i)
     proteins = {}
-    with torch.no_grad():
-        for wildtype, members in by_wildtype.items():
-            features = np.vstack(
-                [augmented_features(s.variants, s.deltas(model).cpu().numpy()) for s in members]
-            )
-            labels = np.concatenate([s.labels for s in members])
-            proteins[wildtype] = ProteinRidge(
-                data.structures[members[0].structure_id]["path"],
-                len(labels),
-                fit_ridge_cv(features, labels, 1, config.seed),
-            )
+    for wildtype, members in by_wildtype.items():
+        features = np.vstack([augmented_features(sets[i].variants, scores[i]) for i in members])
+        labels = np.concatenate([sets[i].labels for i in members])
+        proteins[wildtype] = ProteinRidge(
+            data.structures[sets[members[0]].structure_id]["path"],
+            len(labels),
+            fit_ridge_cv(features, labels, 1, config.seed),
+        )
     scoring = "joint" if any(isinstance(s.states, Slots) for s in sets) else "conditional"
     return AugmentedRidge(str((Path(config.output_dir) / "final").resolve()), model_fingerprint(model),
                           config.decoding_order, config.score_field, config.lower_is_better, proteins,
@@ -453,7 +452,7 @@ def adapt_model(model: ProteinMPNN, data: Data, config: AdaptConfig) -> tuple[Pr
     ridge_file = Path(config.output_dir) / RIDGE_FILE
     if state.is_main_process:
         result.model.save_pretrained(final)
-        fit_augmented_ridge(result.model, sets, loaded, config).save(ridge_file)
+        fit_augmented_ridge(result.model, sets, result.out_of_fold, loaded, config).save(ridge_file)
     structures = []
     for start, adapted, ridge in zip(result.start, result.adapted, result.ridge, strict=True):
         structure = loaded.structures[start["structure_id"]]
