@@ -39,7 +39,7 @@ import torch
 from dpo_inv.data.dataset import VARIANTS, load_records
 from dpo_inv.models.variants import spearman
 from dpo_inv.models.weights import load_model
-from dpo_inv.tools.adapt import AdaptConfig, choose_and_train, fit_augmented_ridge, variant_sets
+from dpo_inv.tools.adapt import AdaptOptions, choose_and_train, fit_augmented_ridge, variant_sets
 from dpo_inv.tools.ridge import augmented_features, fit_ridge_cv, one_hot
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -63,10 +63,10 @@ def run_domain(domain: str, args: argparse.Namespace, done: set, output) -> None
         data = load_records(file, args.cache_dir, kind=VARIANTS)
     labels = np.array([r["score"] for r in records])
     model = load_model(args.model)
-    config = AdaptConfig(data=str(file), model=args.model)
+    config = AdaptOptions()
     (full,) = variant_sets(model, data, labels, config, torch.device("cpu"))
     (evaluation,) = variant_sets(
-        model, data, labels, AdaptConfig(data=str(file), decoding_order="random"), torch.device("cpu")
+        model, data, labels, AdaptOptions(decoding_order="random"), torch.device("cpu")
     )
     tokens = full.variants  # records in file order: one structure, one wild type
     base = evaluation.reference.numpy()

@@ -27,7 +27,7 @@ from dpo_inv.data.dataset import VARIANTS, load_records
 from dpo_inv.models.variants import conditional_deltas
 from dpo_inv.models.weights import load_model
 from dpo_inv.structures.parse import ALPHABET
-from dpo_inv.tools.score import ScoreConfig, score_dataset
+from dpo_inv.tools.score import ScoreOptions, score_dataset
 
 STABILITY = Path(__file__).resolve().parents[2] / "shared" / "stability" / "train.jsonl"
 
@@ -96,7 +96,7 @@ def main() -> None:
     report(common, "conditional", len(records), seconds)
 
     sample = sorted(random.Random(0).sample(range(len(records)), min(args.full_sample, len(records))))
-    config = ScoreConfig(data=str(path), output="", decoding_order="random", batch_size=16)
+    config = ScoreOptions(decoding_order="random", batch_size=16)
     start = time.perf_counter()
     score_dataset([model], Subset(dataset, sample), config, device)
     seconds = time.perf_counter() - start

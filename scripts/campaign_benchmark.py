@@ -47,7 +47,7 @@ from dpo_inv.models.mpnn import ProteinMPNN
 from dpo_inv.models.weights import load_model
 from dpo_inv.structures.parse import ALPHABET
 from dpo_inv.tools.acquisition import choose_batch, top_batch
-from dpo_inv.tools.adapt import AdaptConfig, VariantSet, choose_and_train, variant_set
+from dpo_inv.tools.adapt import AdaptOptions, VariantSet, choose_and_train, variant_set
 from dpo_inv.tools.design_space import read_design_space
 from dpo_inv.tools.propose import measured_variants, zero_shot
 
@@ -168,8 +168,8 @@ def campaign(method: str, seed: int, p: Problem, args: argparse.Namespace) -> li
             picked = left[top_batch(p.scores[left], args.batch)]
         else:
             scores, known_scores = p.scores, p.scores[known]
-            if method == "dpo_inv" and p.train_set is not None and len(known) >= AdaptConfig.min_labels:
-                config = AdaptConfig(decoding_order="left_to_right", seed=seed)
+            if method == "dpo_inv" and p.train_set is not None and len(known) >= AdaptOptions.min_labels:
+                config = AdaptOptions(decoding_order="left_to_right", seed=seed)
                 adapted = choose_and_train(p.model, [p.train_set(known)], config)
                 if adapted.decision == "adapted":
                     scores = np.c_[scores, p.predict(adapted.model)]

@@ -1,7 +1,8 @@
 """Supervised fine-tuning on a family of structures: does it raise held-out native recovery and lower
 perplexity on that family, and what does it cost on other proteins?
 
-    python scripts/sft_experiments.py --work_dir outputs/sft --seeds 0 1 2
+    python scripts/sft_experiments.py --work_dir outputs/sft --seeds 0 1 2 \
+        [--learning_rate 3e-5] [--backbone_noise 0.2]
 
 The family: the 77 small domains of `../shared/stability/structures` (AlphaFold2 models), split by domain with
 homologues kept together (`split_by_domain.clusters`: same PDB code or >= 40% local identity), 20% of the
@@ -99,7 +100,7 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--held_out", type=float, default=0.2)
     parser.add_argument("--max_steps", type=int, default=200)
-    parser.add_argument("--learning_rate", type=float, default=1e-4)
+    parser.add_argument("--learning_rate", type=float, default=3e-5)
     parser.add_argument("--valid", type=float, default=0.15, help="of the training domains: pick best/")
     parser.add_argument("--backbone_noise", type=float, default=0.2, help="Å; 0.2 is v_48_020's own")
     parser.add_argument("--eval_steps", type=int, default=20)

@@ -12,7 +12,8 @@ every `eval_steps` on the 11 and keeps `best/` by `eval_spearman`; `best/` and `
 estimator on 40 per test domain, which gives the mean log p of the variants too; `scripts/design_ability.py`
 measures the designs `best/` samples on 12 other backbones. `--seeds` repeats each run with those training
 seeds (42, the trainer's default, names the run alone). One JSON line per run is appended to
-`WORK_DIR/results.jsonl`. Each run takes 6-20 minutes on two CPU cores.
+`WORK_DIR/results.jsonl`. Each run takes 6-20 minutes on two CPU cores. Runs named `sft_then_...` first
+fine-tune on the training domains' structures (SFT, docs/sft.md) and align that model.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import shutil
 import subprocess
 import sys
 from collections import defaultdict
@@ -51,7 +53,16 @@ RUNS = {
                                              "--max_steps 400 --anchor_weight 0.3"),
     "same_position_200_400steps_anchor0.1": (("same_position", 1, 200, ""),
                                              "--max_steps 400 --anchor_weight 0.1"),
+    "sft_then_same_position_200_400steps_anchor0.1": (
+        ("same_position", 1, 200, ""), "--max_steps 400 --anchor_weight 0.1 --model_name_or_path {sft}"),
 }  # fmt: skip
+# Supervised fine-tuning on the training domains' structures before DPO (runs whose options name {sft}): the
+# setting of docs/sft.md, the best model by eval_loss on the choosing domains' structures.
+SFT = (
+    "--loss_type sft --max_steps 200 --learning_rate 3e-5 --warmup_steps 10 "
+    "--per_device_train_batch_size 8 --eval_steps 20 --save_steps 20 --logging_steps 20 "
+    "--eval_on_start true --report_to none"
+)
 TRAINING = ("--eval_split 0 --beta 0.1 --learning_rate 5e-5 --per_device_train_batch_size 8 --eval_steps 50 "
             "--eval_on_start --metric_for_best_model eval_spearman --save_steps 1000 --logging_steps 10 "
             "--decoding_order left_to_right --report_to none")  # fmt: skip
@@ -102,6 +113,29 @@ def build_pairs(work: Path, strategy: str, min_margin: float, per_domain: int, e
     return target
 
 
+def structures(source: Path, target: Path) -> Path:
+    """The structure records (each domain's native sequence) of the domains in ``source``."""
+    files = {}
+    for line in source.read_text().splitlines():
+        row = json.loads(line)
+        files.setdefault(row["pdb_file"], {"pdb_file": str((source.parent / row["pdb_file"]).resolve()),
+                                           "chain_id": row["chain_id"]})  # fmt: skip
+    write_jsonl(target, list(files.values()))
+    return target
+
+
+def sft(work: Path, seed: int) -> Path:
+    """SFT on the training domains' structures (once per seed); its best model."""
+    output = work / "runs" / f"sft_seed{seed}"
+    if not (output / "best").is_dir():
+        train = structures(work / "dev" / "train.jsonl", work / "dev" / "train_structures.jsonl")
+        valid = structures(work / "dev" / "held_out.jsonl", work / "dev" / "held_out_structures.jsonl")
+        shutil.rmtree(output, ignore_errors=True)
+        run(PY, "-m", "dpo_inv.run", "--train_file", str(train), "--eval_file", str(valid), "--output_dir",
+            str(output), "--seed", str(seed), *SFT.split())  # fmt: skip
+    return output / "best"
+
+
 def score(work: Path, model: Path, data: str, *options: str) -> tuple[dict, list[dict]]:
     output = work / "scores.jsonl"
     summary = json.loads(run(PY, "-m", "dpo_inv", "score", "--model", str(model), "--data", str(work / data),
@@ -136,6 +170,8 @@ def main() -> None:
         else:
             pairs, options = RUNS[name]
             train_file = build_pairs(work, *pairs)
+            if "{sft}" in options:
+                options = options.format(sft=sft(work, seed))
             run(PY, "-m", "dpo_inv.run", "--train_file", str(train_file), "--eval_variants_file",
                 str(work / "dev" / "eval300.jsonl"), "--output_dir", str(output), *TRAINING.split(),
                 *options.split(), "--seed", str(seed))  # fmt: skip

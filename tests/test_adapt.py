@@ -15,7 +15,7 @@ from dpo_inv.data.dataset import VARIANTS, load_records
 from dpo_inv.models.variants import conditional_head, conditional_log_probs, conditional_states, spearman
 from dpo_inv.models.weights import load_model
 from dpo_inv.structures.parse import ALPHABET
-from dpo_inv.tools.adapt import AdaptConfig, variant_sets
+from dpo_inv.tools.adapt import AdaptOptions, variant_sets
 from dpo_inv.tools.folds import assign_folds, variant_groups
 from dpo_inv.tools.ridge import AugmentedRidge, augmented_features, fit_ridge, fit_ridge_cv, one_hot
 
@@ -155,7 +155,7 @@ def test_the_augmented_ridge_adapt_ships_is_what_score_applies(tmp_path):
     rows = [json.loads(line) for line in (tmp_path / "scored.jsonl").read_text().splitlines()]
     model, labels = load_model(final), np.array([r["label"] for r in rows])
     data = load_records(labelled, tmp_path / "cache", kind=VARIANTS)
-    (labelled_set,) = variant_sets(model, data, labels, AdaptConfig(data=str(labelled)), torch.device("cpu"))
+    (labelled_set,) = variant_sets(model, data, labels, AdaptOptions(), torch.device("cpu"))
     with torch.no_grad():
         adapt_deltas = labelled_set.deltas(model).numpy()
     np.testing.assert_allclose([r["delta_logp"] for r in rows], adapt_deltas, atol=1e-4)

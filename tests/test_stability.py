@@ -14,7 +14,7 @@ from dpo_inv.models.weights import load_model
 from dpo_inv.tools.score import ScoreConfig, score_file
 from dpo_inv.training.checkpoints import TrainerState
 from dpo_inv.training.config import DPOConfig
-from dpo_inv.training.evaluation import improved
+from dpo_inv.training.evaluation import update_best
 
 EVAL_DOMAINS = ("2ysh_A_4-40", "2op7_A_1-39")
 
@@ -101,7 +101,7 @@ def test_recovery_tolerance_keeps_the_best_ranking_that_keeps_design_ability():
     for step, spearman, recovery, better in evals:
         state.global_step = step
         metrics = {"eval_spearman": spearman, "eval_native_recovery": recovery}
-        assert improved(config, metrics, state) == better, step
+        assert update_best(config, metrics, state) == better, step
     assert (state.start_recovery, state.best_metric, state.best_step) == (0.45, 0.65, 100)
     with pytest.raises(ValueError, match="recovery_tolerance needs eval_variants_file and eval_on_start"):
         DPOConfig(eval_split=0, eval_variants_file="v.jsonl", recovery_tolerance=0.02)

@@ -134,7 +134,8 @@ def variant_of(
 
 @dataclass(kw_only=True)
 class StructureOptions:
-    """The options that state a variant file's structure once (`score`, `adapt`, `pairs`)."""
+    """How a data file's structures are found and read: the options that state a variant file's structure
+    once (`score`, `adapt`, `pairs`), and the cache of parsed structures."""
 
     structure: str | None = field(
         default=None,
@@ -154,6 +155,7 @@ class StructureOptions:
         metadata={"help": "How a mutant (A23G) numbers residues: sequence (from 1 along the designed chains, "
                   "as ProteinGym) or author (the structure's residue numbers)."},
     )  # fmt: skip
+    cache_dir: str | None = field(default=None, metadata={"help": "Cache for parsed structures."})
 
     def given_structure(self, data: object) -> GivenStructure | None:
         """The structure these options state for ``data`` (a file, or records in memory), if any."""

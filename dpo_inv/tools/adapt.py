@@ -41,13 +41,7 @@ from dpo_inv.models.variants import (
     spearman_by_structure,
     variant_labels,
 )
-from dpo_inv.models.weights import (
-    LIGAND_CONTEXT_HELP,
-    LIGAND_EXCLUDE_HELP,
-    as_model,
-    load_model,
-    parse_options,
-)
+from dpo_inv.models.weights import ModelOptions, as_model, load_model
 from dpo_inv.structures.parse import ALPHABET
 from dpo_inv.tools.folds import assign_folds, variant_groups
 from dpo_inv.tools.ridge import (
@@ -65,7 +59,9 @@ MAX_PAIRS = 200_000  # pairs per structure used by a training step; more are sub
 
 
 @dataclass
-class AdaptConfig(StructureOptions):
+class AdaptFiles:
+    """What `python -m dpo_inv adapt` reads: the labelled sequences and the starting model."""
+
     data: str | None = field(
         default=None,
         metadata={
@@ -73,11 +69,17 @@ class AdaptConfig(StructureOptions):
             "as a file argument or --data."
         },
     )
-    output_dir: str = field(default="outputs/adapt", metadata={"help": "Writes final/ and adapt.json."})
     model: str = field(
         default="vanilla/v_48_020",
         metadata={"help": "The starting model: name, .pt file or saved directory."},
     )
+
+
+@dataclass(kw_only=True)
+class AdaptOptions(StructureOptions, ModelOptions):
+    """How a model is adapted: the options of `adapt` in Python, and the command's besides its files."""
+
+    output_dir: str = field(default="outputs/adapt", metadata={"help": "Writes final/ and adapt.json."})
     score_field: str = field(default="label", metadata={"help": "The record field holding the label."})
     lower_is_better: bool = field(default=False, metadata={"help": "Lower labels are better (e.g. ΔΔG)."})
     num_folds: int = field(default=5, metadata={"help": "Cross-validation folds (grouped by position)."})
@@ -100,10 +102,11 @@ class AdaptConfig(StructureOptions):
         metadata={"help": "left_to_right or random: the order of the other residues in the estimator."},
     )
     seed: int = field(default=42, metadata={"help": "Seed of the folds, the decoding orders, the pairs."})
-    device: str | None = field(default=None, metadata={"help": "cpu, cuda, xpu, ...; default: the best."})
-    cache_dir: str | None = field(default=None, metadata={"help": "Cache for parsed structures."})
-    ligand_context: bool = field(default=True, metadata={"help": LIGAND_CONTEXT_HELP})
-    ligand_exclude: list[str] = field(default_factory=list, metadata={"help": LIGAND_EXCLUDE_HELP})
+
+
+@dataclass
+class AdaptConfig(AdaptOptions, AdaptFiles):
+    """`python -m dpo_inv adapt`: its files, then its options."""
 
 
 @dataclass
@@ -193,7 +196,7 @@ def variant_set(
 
 
 def variant_sets(
-    model: ProteinMPNN, data: RecordSet, labels: np.ndarray, config: AdaptConfig, device: torch.device
+    model: ProteinMPNN, data: RecordSet, labels: np.ndarray, config: AdaptOptions, device: torch.device
 ) -> list[VariantSet]:
     """One `VariantSet` per (structure, wild type) of the data, with its decoder states computed once."""
     dataset = ExampleDataset(data)
@@ -228,7 +231,7 @@ def train_head(
     train: Sequence[np.ndarray],
     learning_rate: float,
     checkpoints: Sequence[int],
-    config: AdaptConfig,
+    config: AdaptOptions,
 ) -> tuple[ProteinMPNN, dict[int, list[np.ndarray]]]:
     """Train a copy of `start` with DPO on the pairs of each set's training records (``train[k]``, a mask
     over set k's records) for ``max(checkpoints)`` steps, full batch, AdamW; returns the model and every
@@ -286,7 +289,7 @@ def ridge_out_of_fold(sets: Sequence[VariantSet], folds: Sequence[np.ndarray], s
 
 
 def fit_augmented_ridge(model: ProteinMPNN, sets: Sequence[VariantSet], scores: Sequence[np.ndarray],
-                        data: RecordSet, config: AdaptConfig) -> AugmentedRidge:  # fmt: skip
+                        data: RecordSet, config: AdaptOptions) -> AugmentedRidge:  # fmt: skip
     """Augmented ridge for `model`'s `delta_logp`, fitted on every label: one model per wild type (the sets
     of one wild type on several structures pooled). Each labelled variant's score is `scores` (per set):
     cross-fitted, by a model that did not train on its label, so that the ridge weighs the adapted score by
@@ -309,7 +312,7 @@ def fit_augmented_ridge(model: ProteinMPNN, sets: Sequence[VariantSet], scores: 
                           scoring)  # fmt: skip
 
 
-def check_labels(sets: Sequence[VariantSet], data: RecordSet, config: AdaptConfig) -> None:
+def check_labels(sets: Sequence[VariantSet], data: RecordSet, config: AdaptOptions) -> None:
     """Bad input: fewer labelled sequences than folds, or a structure whose labels are all equal."""
     count = sum(len(s.records) for s in sets)
     if count < config.num_folds:
@@ -334,7 +337,7 @@ class Choice:
 
 
 def cross_validate(
-    model: ProteinMPNN, sets: list[VariantSet], folds: list[np.ndarray], config: AdaptConfig
+    model: ProteinMPNN, sets: list[VariantSet], folds: list[np.ndarray], config: AdaptOptions
 ) -> tuple[list[Choice], dict[float, dict[int, list[np.ndarray]]]]:
     """Every (learning rate, length) of the grid, scored by the mean per-structure Spearman of its
     out-of-fold `delta_logp`; the (fold, learning rate) jobs are shared out over the processes."""
@@ -391,7 +394,7 @@ class Adapted:
     out_of_fold: list[np.ndarray]  # per set, each record's delta_logp by a model that did not train on it
 
 
-def choose_and_train(model: ProteinMPNN, sets: list[VariantSet], config: AdaptConfig) -> Adapted:
+def choose_and_train(model: ProteinMPNN, sets: list[VariantSet], config: AdaptOptions) -> Adapted:
     """Cross-validate the grid, then train on every label with the best configuration; the starting model
     is kept with too few labels or no cross-validated gain."""
     folds = fold_sets(sets, config.num_folds, config.seed)
@@ -419,7 +422,7 @@ def choose_and_train(model: ProteinMPNN, sets: list[VariantSet], config: AdaptCo
     return Adapted(model, decision, best, grid, start, adapted, ridge, start_mean, ridge_mean, held_out)
 
 
-def check_options(config: AdaptConfig) -> None:
+def check_options(config: AdaptOptions) -> None:
     """Options that would train the wrong thing: a `ValueError` names the option and the fix."""
     if config.num_folds < 2:
         raise ValueError(f"--num_folds {config.num_folds}: cross-validation needs at least 2 folds")
@@ -431,7 +434,7 @@ def check_options(config: AdaptConfig) -> None:
         raise ValueError(f"--beta {config.beta}: β must be positive")
 
 
-def adapt_model(model: ProteinMPNN, data: Data, config: AdaptConfig) -> tuple[ProteinMPNN, dict[str, Any]]:
+def adapt_model(model: ProteinMPNN, data: Data, config: AdaptOptions) -> tuple[ProteinMPNN, dict[str, Any]]:
     """Adapt `model` to the labelled sequences of `data` (a file or records in memory): save the model to
     ship as ``output_dir/final`` and write ``output_dir/adapt.json``; returns that model and that report."""
     start_time = time.time()
@@ -441,7 +444,7 @@ def adapt_model(model: ProteinMPNN, data: Data, config: AdaptConfig) -> tuple[Pr
     device = resolve_device(config.device) if config.device or state.num_processes == 1 else state.device
     given = config.given_structure(data)
     labels = np.array(variant_labels(data, config.score_field, config.lower_is_better, "records", given))
-    options = parse_options(model.config, config.ligand_context, config.ligand_exclude)
+    options = config.parse_options(model.config)
     with state.main_process_first():
         loaded = load_records(data, config.cache_dir, kind=VARIANTS, options=options, given=given)
     model = copy.deepcopy(model).to(device)
@@ -468,7 +471,7 @@ def adapt_model(model: ProteinMPNN, data: Data, config: AdaptConfig) -> tuple[Pr
         )
     report = {
         "data": loaded.source,
-        "model": config.model,
+        "model": model.config.name_or_path,
         "labelled": sum(len(s.records) for s in sets),
         "decision": result.decision,
         "final_model": str(final),
@@ -482,7 +485,7 @@ def adapt_model(model: ProteinMPNN, data: Data, config: AdaptConfig) -> tuple[Pr
         "structures": structures,
         "grid": [{**asdict(c), "spearman": round_metric(c.spearman)} for c in result.grid],
         "seconds": round(time.time() - start_time, 1),
-        "config": {**asdict(config), "data": loaded.source},
+        "config": {**asdict(config), "data": loaded.source, "model": model.config.name_or_path},
     }
     if state.is_main_process:
         write_json(Path(config.output_dir) / "adapt.json", report)
@@ -498,32 +501,11 @@ class AdaptOutput(NamedTuple):
     report: dict[str, Any]
 
 
-def adapt(
-    records: Data,
-    model: ProteinMPNN | str = "vanilla/v_48_020",
-    *,
-    output_dir: str = "outputs/adapt",
-    score_field: str = "label",
-    lower_is_better: bool = False,
-    num_folds: int = 5,
-    learning_rates: Sequence[float] = (3e-4,),
-    max_steps: Sequence[int] = (10, 20, 30, 50, 75, 100),
-    beta: float = 0.1,
-    loss_type: Literal["sigmoid", "ipo", "hinge", "robust"] = "sigmoid",
-    min_labels: int = 20,
-    decoding_order: Literal["left_to_right", "random"] = "left_to_right",
-    seed: int = 42,
-    device: str | None = None,
-    cache_dir: str | None = None,
-    ligand_context: bool = True,
-    ligand_exclude: Sequence[str] = (),
-    structure: str | None = None,
-    chain_id: Sequence[str] = (),
-    proteingym_reference: str | None = None,
-    mutant_numbering: Literal["sequence", "author"] = "sequence",
-) -> AdaptOutput:
+def adapt(records: Data, model: ProteinMPNN | str = "vanilla/v_48_020", **options: Any) -> AdaptOutput:
     """Adapt `model` (a model, or a name or path :func:`load_model` takes) to one protein's labelled
-    variants, as `python -m dpo_inv adapt` does; `model` itself is not changed.
+    variants, as `python -m dpo_inv adapt` does; `model` itself is not changed. `options` are the
+    command's others (:class:`AdaptOptions`: `output_dir`, `score_field`, `max_steps`, `structure`, ...),
+    with its defaults.
 
     `records` is a data file, a list of dicts, a pandas DataFrame or a `datasets.Dataset` of variants with
     `pdb_file`, chains, `sequence`, `wildtype_seq` and a number in `score_field` (higher = better unless
@@ -534,15 +516,7 @@ def adapt(
     `output_dir/final` and `output_dir/adapt.json`; returns the model and that report (cross-validated
     Spearman of the starting model, the adapted model and augmented ridge, per structure).
     """
-    name = model if isinstance(model, str) else model.config.name_or_path
-    config = AdaptConfig(output_dir=output_dir, model=str(name), structure=structure,
-                         chain_id=list(chain_id), proteingym_reference=proteingym_reference,
-                         mutant_numbering=mutant_numbering, score_field=score_field,
-                         lower_is_better=lower_is_better, num_folds=num_folds,
-                         learning_rates=list(learning_rates), max_steps=list(max_steps), beta=beta,
-                         loss_type=loss_type, min_labels=min_labels, decoding_order=decoding_order,
-                         seed=seed, device=device, cache_dir=cache_dir, ligand_context=ligand_context,
-                         ligand_exclude=list(ligand_exclude))  # fmt: skip
+    config = AdaptOptions(**options)
     return AdaptOutput(*adapt_model(as_model(model), records, config))
 
 

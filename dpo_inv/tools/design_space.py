@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from dpo_inv.data.proteingym import MUTATION, WILD_TYPE
-from dpo_inv.structures.parse import ALPHABET, AMINO_ACIDS, StructureError
+from dpo_inv.structures.parse import ALPHABET, AMINO_ACIDS, PROTEINMPNN_PARSE, ParseOptions, StructureError
 from dpo_inv.tools.sample import fixed_indices, parse_fixed_positions, prepare_design
 
 MAX_CANDIDATES = 2_000_000  # variants a design space may enumerate: a larger one is sampled
@@ -129,12 +129,14 @@ def read_design_space(
     allowed_aas: str = "",
     max_mutations: int = 1,
     parent: str | None = None,
+    options: ParseOptions = PROTEINMPNN_PARSE,
 ) -> tuple[DesignSpace, dict[str, Any]]:
     """The design space of ``structure``'s designed chains (default: all) and the structure's `collate`
     example: the residues of ``positions`` (ProteinMPNN's syntax, author numbers; default: every observed
     designed residue) may change to ``allowed_aas`` (`parse_allowed`), at most ``max_mutations`` of them,
-    from ``parent`` (mutations of the structure's sequence; default: that sequence)."""
-    design = prepare_design(Path(structure), chain_id, [], {})
+    from ``parent`` (mutations of the structure's sequence; default: that sequence); the structure read as
+    ``options`` say (a LigandMPNN model's: with its ligand context)."""
+    design = prepare_design(Path(structure), chain_id, [], {}, options)
     parent_tokens = np.asarray(design.example["native"][: len(design.residue_numbers)]).copy()
     space = DesignSpace(parent_tokens, design.residue_numbers, np.zeros(0, np.int64), [], max_mutations)
     if parent:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import math
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -42,11 +42,19 @@ STRATEGIES = {
 
 
 @dataclass
-class PairsConfig(StructureOptions):
+class PairsFiles:
+    """What `python -m dpo_inv pairs` reads and writes."""
+
     output: str = field(
         metadata={"help": "Output pairs (JSONL); a relative pdb_file is made relative to its folder."}
     )
     data: str | None = field(default=None, metadata={"help": "The scored sequences, instead of SCORED_FILE."})
+
+
+@dataclass(kw_only=True)
+class PairsOptions(StructureOptions):
+    """How pairs are made: the options of `make_pairs` in Python, and the command's besides its files."""
+
     strategy: Literal["best_vs_worst", "all", "top_vs_rest", "same_position"] = field(
         default="best_vs_worst", metadata={"help": "; ".join(f"{k}: {v}" for k, v in STRATEGIES.items())}
     )
@@ -84,7 +92,6 @@ class PairsConfig(StructureOptions):
         },
     )
     seed: int = field(default=0, metadata={"help": "Seed of the subsets of max_pairs_per_structure."})
-    cache_dir: str | None = field(default=None, metadata={"help": "Cache for parsed structures."})
     model: str | None = field(
         default=None,
         metadata={
@@ -92,6 +99,11 @@ class PairsConfig(StructureOptions):
             "(modified amino acids count)."
         },
     )
+
+
+@dataclass
+class PairsConfig(PairsOptions, PairsFiles):
+    """`python -m dpo_inv pairs`: its files, then its options."""
 
 
 @dataclass(frozen=True)
@@ -138,7 +150,7 @@ def _mutation(sequence: str, wildtype: Any) -> int:
     return differ[0]
 
 
-def _scored(record: dict, config: PairsConfig, text_ok: bool) -> Scored:
+def _scored(record: dict, config: PairsOptions, text_ok: bool) -> Scored:
     """One valid record (load_records has checked its sequences) with its score; a ValueError says why not."""
     sequence, wildtype = record["sequence"], record.get("wildtype_seq")
     score = _number(record.get(config.score_field), config.score_field, text_ok)
@@ -161,7 +173,7 @@ class Group:
 
 
 def read_groups(
-    records: list[Record], loaded: RecordSet, config: PairsConfig
+    records: list[Record], loaded: RecordSet, config: PairsOptions
 ) -> tuple[dict[int, Group], int]:
     """The groups by structure id, and how many duplicate sequences were merged. Every bad record is
     reported, in file order, with load_records' reason (structure, sequences) if any, else the score's."""
@@ -198,7 +210,7 @@ def _all_pairs(items: list[Scored], ok: Callable[[Scored, Scored], bool]) -> lis
     return [(a, b) for i, a in enumerate(ranked) for b in ranked[i + 1 :] if ok(a, b)]
 
 
-def group_pairs(items: list[Scored], config: PairsConfig) -> list[Pair]:
+def group_pairs(items: list[Scored], config: PairsOptions) -> list[Pair]:
     """The pairs of one structure group, in the strategy's order."""
 
     def ok(a: Scored, b: Scored) -> bool:
@@ -224,7 +236,7 @@ def group_pairs(items: list[Scored], config: PairsConfig) -> list[Pair]:
     return pairs
 
 
-def _pair_record(pair: Pair, structure: dict, config: PairsConfig) -> dict:
+def _pair_record(pair: Pair, structure: dict, config: PairsOptions) -> dict:
     preferred, unpreferred = pair
     out = {
         **structure,
@@ -258,7 +270,7 @@ def _structure_fields(structures: datasets.Dataset, sid: int, first: dict) -> di
     return out
 
 
-def group_labels(items: list[Scored], config: PairsConfig) -> list[bool]:
+def group_labels(items: list[Scored], config: PairsOptions) -> list[bool]:
     """Desirable or not, for each sequence of one group."""
     if config.labels_from_score is not None:
         threshold = -config.labels_from_score if config.lower_is_better else config.labels_from_score
@@ -267,7 +279,7 @@ def group_labels(items: list[Scored], config: PairsConfig) -> list[bool]:
     return [item.value > cut for item in items]
 
 
-def _labelled_record(item: Scored, desirable: bool, structure: dict, config: PairsConfig) -> dict:
+def _labelled_record(item: Scored, desirable: bool, structure: dict, config: PairsOptions) -> dict:
     out = {**structure, "sequence": item.sequence, "label": desirable, "score": item.score}
     if item.wildtype:
         out["wildtype_seq"] = item.wildtype
@@ -276,7 +288,7 @@ def _labelled_record(item: Scored, desirable: bool, structure: dict, config: Pai
     return out
 
 
-def check_options(config: PairsConfig) -> None:
+def check_options(config: PairsOptions) -> None:
     if config.labels_from_score is not None and config.labels_from_quantile is not None:
         raise ValueError("give --labels_from_score or --labels_from_quantile, not both")
     if config.labels_from_score is not None and not math.isfinite(config.labels_from_score):
@@ -300,7 +312,7 @@ def check_options(config: PairsConfig) -> None:
             )
 
 
-def pair_rows(data: Data, config: PairsConfig, name: str = "scored") -> tuple[list[dict], dict]:
+def pair_rows(data: Data, config: PairsOptions, name: str = "scored") -> tuple[list[dict], dict]:
     """The pairs (or labelled sequences) of the scored sequences of `data` (a file or records in memory),
     with `pdb_file` as the records give it, and the summary."""
     check_options(config)
@@ -354,30 +366,11 @@ def pair_rows(data: Data, config: PairsConfig, name: str = "scored") -> tuple[li
                   "mean_margin": float(f"{mean_margin:.4g}"), "strategy": config.strategy}  # fmt: skip
 
 
-def make_pairs(
-    scored: Data,
-    strategy: Literal["best_vs_worst", "all", "top_vs_rest", "same_position"] = "best_vs_worst",
-    *,
-    score_field: str = "score",
-    lower_is_better: bool = False,
-    min_margin: float = 0.0,
-    max_pairs_per_structure: int | None = None,
-    top_k: int = 1,
-    wildtype_score: float | None = None,
-    residue_score_field: str | None = None,
-    weight_by_margin: bool = False,
-    labels_from_score: float | None = None,
-    labels_from_quantile: float | None = None,
-    seed: int = 0,
-    model: str | None = None,
-    cache_dir: str | None = None,
-    structure: str | None = None,
-    chain_id: Sequence[str] = (),
-    proteingym_reference: str | None = None,
-    mutant_numbering: Literal["sequence", "author"] = "sequence",
-) -> list[dict] | pandas.DataFrame:
+def make_pairs(scored: Data, **options: Any) -> list[dict] | pandas.DataFrame:
     """Preference pairs from scored sequences, as `python -m dpo_inv pairs` writes them, or sequences
-    labelled desirable or not (for kto) with `labels_from_score` or `labels_from_quantile`.
+    labelled desirable or not (for kto) with `labels_from_score` or `labels_from_quantile`; `options` are
+    the command's others (:class:`PairsOptions`: `strategy`, `score_field`, `lower_is_better`, `min_margin`,
+    ...), with its defaults.
 
     `scored` is a data file, a list of dicts, a pandas DataFrame or a `datasets.Dataset` of sequences with
     their structure and a number in `score_field` (e.g. the records `dpo-inv score` or `dpo-inv sample`
@@ -388,14 +381,7 @@ def make_pairs(
     working directory). Returns a DataFrame when `scored` is one,
     else a list of dicts; bad records raise one `DataError` (a `ValueError`), a line each.
     """
-    config = PairsConfig(output="", strategy=strategy, structure=structure, chain_id=list(chain_id),
-                         proteingym_reference=proteingym_reference, mutant_numbering=mutant_numbering,
-                         score_field=score_field, lower_is_better=lower_is_better, min_margin=min_margin,
-                         max_pairs_per_structure=max_pairs_per_structure, top_k=top_k,
-                         wildtype_score=wildtype_score, residue_score_field=residue_score_field,
-                         weight_by_margin=weight_by_margin, labels_from_score=labels_from_score,
-                         labels_from_quantile=labels_from_quantile, seed=seed, model=model,
-                         cache_dir=cache_dir)  # fmt: skip
+    config = PairsOptions(**options)
     rows, _ = pair_rows(scored, config)
     return as_table(scored, rebase_paths(rows, records_folder(scored), None))
 

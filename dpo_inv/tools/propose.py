@@ -15,7 +15,7 @@ import csv
 import json
 import shutil
 import time
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -29,10 +29,10 @@ from dpo_inv.models.combinations import MAX_ORDERS, joint_deltas, joint_plan
 from dpo_inv.models.mpnn import ProteinMPNN, derive_seed
 from dpo_inv.models.sampling import sample_sequences
 from dpo_inv.models.variants import conditional_log_probs, round_metric
-from dpo_inv.models.weights import as_model
+from dpo_inv.models.weights import ModelOptions, as_model
 from dpo_inv.structures.parse import ALPHABET, AMINO_ACIDS, tokenize
 from dpo_inv.tools.acquisition import choose_batch, top_batch
-from dpo_inv.tools.adapt import AdaptConfig, Adapted, choose_and_train, variant_set
+from dpo_inv.tools.adapt import Adapted, AdaptOptions, choose_and_train, variant_set
 from dpo_inv.tools.design_space import MAX_CANDIDATES, DesignSpace, read_design_space
 from dpo_inv.tools.reward_fn import RewardFunction, compute_rewards
 from dpo_inv.tools.sample import prepare_design
@@ -47,7 +47,10 @@ SETS_PER_PASS = 16
 
 
 @dataclass
-class ProposeConfig:
+class ProposeConfig(ModelOptions):
+    """The options of `python -m dpo_inv propose`, and of `propose` in Python besides the campaign and
+    model."""
+
     campaign: str = field(metadata={"help": "The campaign folder (made by the first call)."})
     structure: str | None = field(default=None, metadata={"help": "PDB/mmCIF file (first call)."})
     chain_id: list[str] = field(default_factory=list, metadata={"help": "Designed chains (default: all)."})
@@ -107,7 +110,6 @@ class ProposeConfig:
         metadata={"help": "Rounds to run, each measured by --reward or --reward_command before the next."},
     )  # fmt: skip
     seed: int = field(default=0, metadata={"help": "Seed of the bootstrap and of Thompson draws."})
-    device: str | None = field(default=None, metadata={"help": "cpu, cuda, xpu, ...; default: the best."})
 
     def __post_init__(self) -> None:
         if self.acquisition not in ("thompson", "ucb", "greedy"):
@@ -120,7 +122,7 @@ class ProposeConfig:
 # what campaign.json keeps from the first call: the design space and the model (fixed), and the round
 # settings (a later call that gives none of these takes the saved ones)
 DESIGN_FIELDS = ("structure", "chain_id", "positions", "allowed_aas", "max_mutations", "parent", "candidates",
-                 "model", "value_field", "lower_is_better")  # fmt: skip
+                 "model", "ligand_context", "ligand_exclude", "value_field", "lower_is_better")  # fmt: skip
 ROUND_FIELDS = ("batch_size", "acquisition", "members", "adapt")
 
 
@@ -141,7 +143,7 @@ def settle_campaign(config: ProposeConfig) -> ProposeConfig:
             saved["model"] = str(Path(saved["model"]).resolve())
         write_json(path, saved)
         return ProposeConfig(**{**asdict(config), **saved})
-    saved = json.loads(path.read_text())
+    saved = {name: getattr(defaults, name) for name in DESIGN_FIELDS} | json.loads(path.read_text())
     for name in ROUND_FIELDS:
         if getattr(config, name) != getattr(defaults, name):
             saved[name] = getattr(config, name)
@@ -289,7 +291,7 @@ def adapt_to_measurements(model: ProteinMPNN, example: dict[str, Any], space: De
     parent = torch.from_numpy(np.concatenate([space.parent, visible]))
     batch = {k: v.to(device) for k, v in collate([{**example, "wildtype": parent}]).items()}
     variants = np.hstack([measured, np.broadcast_to(visible, (len(measured), len(visible)))])
-    config = AdaptConfig(decoding_order="left_to_right", seed=seed)
+    config = AdaptOptions(decoding_order="left_to_right", seed=seed)
     return choose_and_train(model, [variant_set(model, batch, variants, values, None)], config)
 
 
@@ -314,7 +316,7 @@ def model_scores(config: ProposeConfig, model: ProteinMPNN, example: dict[str, A
     scores = zero_shot(model, example, space, everything, device, orders)[:, None]
     singles = (measured != space.parent).sum(1).max(initial=0) <= 1
     wanted = config.adapt == "yes" or (config.adapt == "auto" and singles)
-    if not (wanted and len(measured) >= AdaptConfig.min_labels and np.ptp(values) > 0):
+    if not (wanted and len(measured) >= AdaptOptions.min_labels and np.ptp(values) > 0):
         return scores, None
     adapted = adapt_to_measurements(model, example, space, measured, values, config.seed, device)
     if adapted.decision == "adapted":
@@ -341,8 +343,10 @@ def propose_round(config: ProposeConfig, model: ProteinMPNN | None = None) -> di
             f"{folder / f'round_{last}'}: its proposals await their measurements: write them to "
             f"{folder / f'round_{last}' / 'measurements.csv'} (mutations,value), then propose again"
         )
+    model = model or as_model(config.model)
     space, example = read_design_space(config.structure, config.chain_id, config.positions,
-                                       config.allowed_aas, config.max_mutations, config.parent)  # fmt: skip
+                                       config.allowed_aas, config.max_mutations, config.parent,
+                                       config.parse_options(model.config))  # fmt: skip
     if config.candidates is None and config.max_mutations > len(space.positions):
         raise ValueError(
             f"--max_mutations {config.max_mutations}: only {len(space.positions)} positions may change; give "
@@ -352,7 +356,7 @@ def propose_round(config: ProposeConfig, model: ProteinMPNN | None = None) -> di
     measured, values = measured_variants(space, rows)
     values = -values if config.lower_is_better else values
     device = resolve_device(config.device)
-    model = (model or as_model(config.model)).to(device).eval()
+    model = model.to(device).eval()
     candidates = candidate_variants(space, config, model, example, device)
     if len(measured):
         candidates = candidates[~np.isin(_keys(candidates), _keys(measured.astype(np.uint8)))]
@@ -451,16 +455,12 @@ def propose(
     **options: Any,
 ) -> dict[str, Any] | list[dict[str, Any]]:
     """Write the next round of the campaign in folder `campaign`, as `python -m dpo_inv propose` does;
-    `options` are the command's (`structure`, `chain_id`, `positions`, `allowed_aas`, `max_mutations`,
-    `batch_size`, `rounds`, ...). Returns the round's summary; its proposals are in
-    `summary["proposals"]`. With a `reward` (a function given the proposals as records — `pdb_file`,
-    `design_chains`, `fixed_chains`, `sequence` — and returning one number each, or its
-    `file.py:function` name), each round is measured by it before the next, and the list of the
+    `options` are the command's others (:class:`ProposeConfig`: `structure`, `chain_id`, `positions`,
+    `allowed_aas`, `max_mutations`, `batch_size`, `rounds`, ...), with its defaults. Returns the round's
+    summary; its proposals are in `summary["proposals"]`. With a `reward` (a function given the proposals
+    as records — `pdb_file`, `design_chains`, `fixed_chains`, `sequence` — and returning one number each,
+    or its `file.py:function` name), each round is measured by it before the next, and the list of the
     `rounds` summaries is returned."""
-    names = {f.name for f in fields(ProposeConfig)}
-    unknown = sorted(set(options) - names)
-    if unknown:
-        raise TypeError(f"propose() got unknown options {unknown}; see python -m dpo_inv propose --help")
     name = model if isinstance(model, str) else model.config.name_or_path
     named = reward if isinstance(reward, str) else None
     config = ProposeConfig(campaign=str(campaign), model=str(name), reward=named, **options)

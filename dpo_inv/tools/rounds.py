@@ -23,7 +23,7 @@ from dpo_inv.models.weights import load_model, model_parse_options
 from dpo_inv.structures.parse import ALPHABET
 from dpo_inv.tools.pairs import STRATEGIES, PairsConfig, pairs_file
 from dpo_inv.tools.reward_fn import RewardError, RewardFunction, compute_rewards
-from dpo_inv.tools.sample import SampleConfig, sample_structure
+from dpo_inv.tools.sample import SampleOptions, sample_structure
 from dpo_inv.tools.targets import Targets, load_targets
 from dpo_inv.training.config import EXIT_BAD_INPUT, DPOConfig, check_signs, field_help
 from dpo_inv.training.launch import say
@@ -143,9 +143,7 @@ def sample_targets(
     mine = []
     for index in range(accelerator.process_index, len(targets), accelerator.num_processes):
         design = targets.designs[index]
-        options = SampleConfig(
-            output_dir=str(round_dir(config, k)),
-            structure=str(design.path),
+        options = SampleOptions(
             fixed_chains=targets.fixed_chains[index],
             num_samples=config.num_samples,
             temperature=config.sampling_temperature,

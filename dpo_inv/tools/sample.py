@@ -21,11 +21,9 @@ from dpo_inv.data.records import rebase_paths, write_text
 from dpo_inv.models.mpnn import ProteinMPNN, ProteinMPNNConfig, derive_seed
 from dpo_inv.models.sampling import allowed_tokens, sample_sequences
 from dpo_inv.models.weights import (
-    LIGAND_CONTEXT_HELP,
-    LIGAND_EXCLUDE_HELP,
+    ModelOptions,
     as_model,
     load_model,
-    parse_options,
     read_config,
 )
 from dpo_inv.structures.context import context_atoms, empty_context_note
@@ -49,8 +47,8 @@ RESIDUE_RANGE = re.compile(rf"^({RESIDUE})(?:-({RESIDUE}))?$")
 
 
 @dataclass
-class SampleConfig:
-    """Options of `python -m dpo_inv sample`."""
+class SampleFiles:
+    """What `python -m dpo_inv sample` reads and writes."""
 
     output_dir: str = field(metadata={"help": "Where <structure name>.fa and samples.jsonl are written."})
     model: str = field(
@@ -67,6 +65,18 @@ class SampleConfig:
         default=None,
         metadata={"help": "Text file with one structure path per line (relative to the file's folder)."},
     )
+    overwrite: bool = field(
+        default=False,
+        metadata={
+            "help": "Replace the samples of a structure sampled into output_dir before (else refused)."
+        },
+    )
+
+
+@dataclass(kw_only=True)
+class SampleOptions(ModelOptions):
+    """How sequences are sampled: the options of `sample` in Python, and the command's besides its files."""
+
     design_chains: list[str] = field(
         default_factory=list, metadata={"help": "Chains to design; default: every chain not fixed."}
     )
@@ -127,24 +137,23 @@ class SampleConfig:
         default=0,
         metadata={"help": "Seed of the decoding orders and draws; batch k uses one from (seed, k)."},
     )
-    device: str | None = field(default=None, metadata={"help": "cpu, cuda, ...; default: cuda if available."})
-    ligand_context: bool = field(default=True, metadata={"help": LIGAND_CONTEXT_HELP})
-    ligand_exclude: list[str] = field(default_factory=list, metadata={"help": LIGAND_EXCLUDE_HELP})
-    overwrite: bool = field(
-        default=False,
-        metadata={
-            "help": "Replace the samples of a structure sampled into output_dir before (else refused)."
-        },
-    )
 
     def __post_init__(self) -> None:
-        if self.structure is None and self.structure_list is None:
-            raise ValueError("give --structure or --structure_list")
         check_signs(self, positive=("num_samples", "batch_size"), non_negative=("temperature", "seed"))
         if self.max_mutations is not None and self.max_mutations < 1:
             raise ValueError(f"--max_mutations {self.max_mutations}: give a positive number")
         if self.redesigned_residues and self.fixed_positions:
             raise ValueError("give --fixed_positions or --redesigned_residues, not both")
+
+
+@dataclass
+class SampleConfig(SampleOptions, SampleFiles):
+    """`python -m dpo_inv sample`: its files, then its options."""
+
+    def __post_init__(self) -> None:
+        if self.structure is None and self.structure_list is None:
+            raise ValueError("give --structure or --structure_list")
+        super().__post_init__()
 
 
 def parse_bias(spec: str) -> Tensor:
@@ -380,7 +389,7 @@ def prepare_design(
 
 
 def sample_structure(
-    model: ProteinMPNN, design: Design, config: SampleConfig, bias: Tensor
+    model: ProteinMPNN, design: Design, config: SampleOptions, bias: Tensor
 ) -> list[dict[str, Any]]:
     """Records of ``config.num_samples`` samples of one structure, in batches of ``config.batch_size``."""
     batch = collate([design.example])
@@ -457,7 +466,7 @@ def write_fasta(handle: TextIO, design: Design, records: list[dict[str, Any]], s
 
 
 def prepare_designs(
-    model_config: ProteinMPNNConfig, paths: Sequence[Path], config: SampleConfig
+    model_config: ProteinMPNNConfig, paths: Sequence[Path], config: SampleOptions
 ) -> tuple[list[Design], Tensor]:
     """The designs of the structures at `paths` as the model of `model_config` reads them, and the logit
     bias; every input is checked here, before any sampling."""
@@ -468,7 +477,7 @@ def prepare_designs(
         raise ValueError("give --tied_positions or --homo_oligomer, not both")
     bias = parse_bias(config.bias_aas)
     allowed_tokens(config.omit_aas)
-    options = parse_options(model_config, config.ligand_context, config.ligand_exclude)
+    options = config.parse_options(model_config)
     designs = [
         prepare_design(
             p,
@@ -489,26 +498,7 @@ def prepare_designs(
 
 
 def sample(
-    model: ProteinMPNN | str,
-    structure: str | os.PathLike | Sequence[str | os.PathLike],
-    *,
-    num_samples: int = 8,
-    temperature: float = 0.1,
-    design_chains: Sequence[str] = (),
-    fixed_chains: Sequence[str] = (),
-    fixed_positions: Sequence[str] = (),
-    redesigned_residues: str = "",
-    max_mutations: int | None = None,
-    tied_positions: Sequence[str] = (),
-    homo_oligomer: bool = False,
-    omit_aas: str = "",
-    bias_aas: str = "",
-    decoding_order: str = "random",
-    batch_size: int = 8,
-    seed: int = 0,
-    device: str | None = None,
-    ligand_context: bool = True,
-    ligand_exclude: Sequence[str] = (),
+    model: ProteinMPNN | str, structure: str | os.PathLike | Sequence[str | os.PathLike], **options: Any
 ) -> list[dict[str, Any]]:
     """Design sequences for one backbone structure (PDB or mmCIF, optionally gzipped) or several, by
     autoregressive sampling from `model` (a model, or a name or path :func:`load_model` takes), with the
@@ -519,20 +509,14 @@ def sample(
     designed residues) and `recovery` (their fraction of native residues). `fixed_positions` are author
     residue numbers such as `"A:1-10,15 B:3"`, `redesigned_residues` the only ones designed, as LigandMPNN
     (`"A12 A13 B52A"`), `max_mutations` the most residues a sample changes, `tied_positions` such as
-    `"A:1-10=B:1-10"` (one amino acid per tie); see `python -m dpo_inv sample --help` for the other options.
+    `"A:1-10=B:1-10"` (one amino acid per tie); `options` are the command's others (:class:`SampleOptions`:
+    `num_samples`, `temperature`, `design_chains`, `fixed_positions`, ...), with its defaults.
     """
     paths = [structure] if isinstance(structure, (str, os.PathLike)) else list(structure)
-    config = SampleConfig(output_dir="", structure=str(paths[0]), design_chains=list(design_chains),
-                          fixed_chains=list(fixed_chains), fixed_positions=list(fixed_positions),
-                          redesigned_residues=redesigned_residues, max_mutations=max_mutations,
-                          tied_positions=list(tied_positions), homo_oligomer=homo_oligomer,
-                          num_samples=num_samples, temperature=temperature, omit_aas=omit_aas,
-                          bias_aas=bias_aas, decoding_order=decoding_order, batch_size=batch_size, seed=seed,
-                          device=device,
-                          ligand_context=ligand_context, ligand_exclude=list(ligand_exclude))  # fmt: skip
+    config = SampleOptions(**options)
     policy = as_model(model)
     designs, bias = prepare_designs(policy.config, [Path(p) for p in paths], config)
-    policy = policy.to(resolve_device(device)).eval()
+    policy = policy.to(resolve_device(config.device)).eval()
     return [record for design in designs for record in sample_structure(policy, design, config, bias)]
 
 

@@ -12,14 +12,14 @@ import csv
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 
 from dpo_inv.data.batches import collate
 from dpo_inv.models.mpnn import ProteinMPNN, derive_seed
 from dpo_inv.models.variants import conditional_log_probs, round_metric
-from dpo_inv.models.weights import as_model
+from dpo_inv.models.weights import ModelOptions, as_model
 from dpo_inv.structures.parse import ALPHABET, AMINO_ACIDS
 from dpo_inv.tools.design_space import DesignSpace, read_design_space
 from dpo_inv.tools.heatmap import plot_scan
@@ -32,13 +32,22 @@ FILES = ("scan.csv", "positions.csv", "heatmap.png", "conditional_probs.npz")
 
 
 @dataclass
-class ScanConfig:
+class ScanFiles:
+    """What `python -m dpo_inv scan` reads and writes."""
+
     structure: str = field(metadata={"help": "PDB/mmCIF file (gzipped too)."})
     output_dir: str = field(metadata={"help": "Folder for scan.csv, positions.csv, heatmap.png and "
                                               "conditional_probs.npz."})  # fmt: skip
     model: str = field(
         default="vanilla/v_48_020", metadata={"help": "Model name, .pt file or saved directory."}
     )
+    overwrite: bool = field(default=False, metadata={"help": "Replace the files of an earlier scan."})
+
+
+@dataclass(kw_only=True)
+class ScanOptions(ModelOptions):
+    """What is scanned, and how: the options of `scan` in Python, and the command's besides its files."""
+
     chain_id: list[str] = field(default_factory=list, metadata={"help": "Designed chains (default: all)."})
     positions: str = field(
         default="",
@@ -57,11 +66,14 @@ class ScanConfig:
     )  # fmt: skip
     num_orders: int = field(default=1, metadata={"help": "Decoding orders; log p is averaged over them."})
     seed: int = field(default=42, metadata={"help": "Seed of the random decoding order (score's seed)."})
-    device: str | None = field(default=None, metadata={"help": "cpu, cuda, xpu, ...; default: the best."})
-    overwrite: bool = field(default=False, metadata={"help": "Replace the files of an earlier scan."})
 
     def __post_init__(self) -> None:
         check_signs(self, positive=("num_orders",), non_negative=("seed",))
+
+
+@dataclass
+class ScanConfig(ScanOptions, ScanFiles):
+    """`python -m dpo_inv scan`: its files, then its options."""
 
 
 @dataclass
@@ -146,30 +158,22 @@ class Scan:
         return rows
 
 
-def scan_structure(
-    model: ProteinMPNN | str,
-    structure: str | Path,
-    chain_id: list[str] | None = None,
-    positions: str = "",
-    ridge: str | Path | None = None,
-    decoding_order: Literal["random", "left_to_right"] | None = None,
-    num_orders: int = 1,
-    seed: int = 42,
-    device: str | None = None,
-) -> Scan:
+def scan_structure(model: ProteinMPNN | str, structure: str | Path, config: ScanOptions) -> Scan:
     """Score every single substitution at ``positions`` (default: every observed designed residue)."""
     model = as_model(model)
-    fitted = None if ridge is None else AugmentedRidge.load(ridge)
-    decoding_order = decoding_order or (fitted.decoding_order if fitted else "random")
+    fitted = None if config.ridge is None else AugmentedRidge.load(config.ridge)
+    decoding_order = config.decoding_order or (fitted.decoding_order if fitted else "random")
     if fitted is not None:  # on single mutants the joint estimator is the conditional one
-        check_ridge(fitted, model, str(ridge), fitted.variant_scoring, decoding_order)
-    space, example = read_design_space(str(structure), chain_id or [], positions)
-    torch_device = resolve_device(device)
+        check_ridge(fitted, model, str(config.ridge), fitted.variant_scoring, decoding_order)
+    space, example = read_design_space(
+        str(structure), config.chain_id, config.positions, options=config.parse_options(model.config)
+    )
+    torch_device = resolve_device(config.device)
     model = model.to(torch_device).eval()
     batch = {k: v.to(torch_device) for k, v in collate([{**example, "wildtype": example["native"]}]).items()}
     # the order `score` draws for a structure's variants listed first: a scan's rows give the same deltas
-    order = None if decoding_order == "left_to_right" else derive_seed(seed, 0, 0)
-    log_probs = conditional_log_probs(model, batch, space.positions.tolist(), order, num_orders)
+    order = None if decoding_order == "left_to_right" else derive_seed(config.seed, 0, 0)
+    log_probs = conditional_log_probs(model, batch, space.positions.tolist(), order, config.num_orders)
     result = Scan(space, log_probs.cpu().numpy().astype(np.float64), example)
     if fitted is not None:
         result.predicted = predicted_table(result, fitted, structure)
@@ -195,23 +199,12 @@ def predicted_table(scan: Scan, ridge: AugmentedRidge, structure: str | Path) ->
     return predicted
 
 
-def scan(
-    model: ProteinMPNN | str,
-    structure: str | Path,
-    chain_id: list[str] | None = None,
-    positions: str = "",
-    ridge: str | Path | None = None,
-    decoding_order: Literal["random", "left_to_right"] | None = None,
-    num_orders: int = 1,
-    seed: int = 42,
-    device: str | None = None,
-) -> list[dict]:
-    """Every single substitution at ``positions`` of ``structure``'s designed chains (``chain_id``;
+def scan(model: ProteinMPNN | str, structure: str | Path, **options: Any) -> list[dict]:
+    """Every single substitution at the `positions` of ``structure``'s designed chains (`chain_id`;
     default: all), scored as `scan` scores them: the rows of its `scan.csv` (`mutant`,
-    `mutated_sequence`, `delta_logp`, with ``ridge`` `predicted_<label>`, `position`, `wildtype`,
-    `mutation`)."""
-    return scan_structure(model, structure, chain_id, positions, ridge, decoding_order, num_orders, seed,
-                          device).rows()  # fmt: skip
+    `mutated_sequence`, `delta_logp`, with a `ridge` `predicted_<label>`, `position`, `wildtype`,
+    `mutation`); `options` are the command's others (:class:`ScanOptions`), with its defaults."""
+    return scan_structure(model, structure, ScanOptions(**options)).rows()
 
 
 def write_csv(path: Path, rows: list[dict]) -> None:
@@ -240,8 +233,7 @@ def scan_file(config: ScanConfig) -> dict:
     if existing and not config.overwrite:
         raise ValueError(f"{output} holds an earlier scan ({', '.join(existing)}); give another "
                          "--output_dir, or --overwrite to replace it")  # fmt: skip
-    result = scan_structure(config.model, config.structure, config.chain_id, config.positions, config.ridge,
-                            config.decoding_order, config.num_orders, config.seed, config.device)  # fmt: skip
+    result = scan_structure(config.model, config.structure, config)
     output.mkdir(parents=True, exist_ok=True)
     rows = result.rows()
     write_csv(output / "scan.csv", rows)

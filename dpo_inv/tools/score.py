@@ -7,7 +7,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import torch
@@ -38,13 +38,7 @@ from dpo_inv.models.variants import (
     spearman,
     spearman_by_structure,
 )
-from dpo_inv.models.weights import (
-    LIGAND_CONTEXT_HELP,
-    LIGAND_EXCLUDE_HELP,
-    as_model,
-    load_model,
-    shared_parse_options,
-)
+from dpo_inv.models.weights import ModelOptions, as_model, load_model, shared_parse_options
 from dpo_inv.structures.context import empty_context_note
 from dpo_inv.structures.parse import ALPHABET
 from dpo_inv.tools.ridge import AugmentedRidge, model_fingerprint
@@ -57,7 +51,9 @@ if TYPE_CHECKING:
 
 
 @dataclass
-class ScoreConfig(StructureOptions):
+class ScoreFiles:
+    """What `python -m dpo_inv score` reads and writes."""
+
     data: str = field(
         metadata={"help": "Preference pairs, or sequences (sequence, optional label, wildtype_seq)."}
     )
@@ -68,6 +64,16 @@ class ScoreConfig(StructureOptions):
     reference: str | None = field(
         default=None, metadata={"help": "Reference model: adds rewards (log p - log p_ref)."}
     )
+    per_structure_output: str | None = field(
+        default=None,
+        metadata={"help": "JSONL: one line per structure with its number of labelled records and Spearman."},
+    )
+
+
+@dataclass(kw_only=True)
+class ScoreOptions(StructureOptions, ModelOptions):
+    """How records are scored: the options of `score` in Python, and the command's besides its files."""
+
     decoding_order: Literal["random", "left_to_right"] | None = field(
         default=None,
         metadata={
@@ -101,31 +107,25 @@ class ScoreConfig(StructureOptions):
             "proteins it was fitted on; the Spearman reported is then of that prediction."
         },
     )
-    per_structure_output: str | None = field(
-        default=None,
-        metadata={"help": "JSONL: one line per structure with its number of labelled records and Spearman."},
-    )
     num_orders: int = field(default=1, metadata={"help": "Decoding orders per record; log p is averaged."})
     seed: int = field(
         default=42, metadata={"help": "Seed of the random decoding orders (the trainer's seed)."}
     )
     batch_size: int = field(default=16, metadata={"help": "Records per batch."})
-    device: str | None = field(
-        default=None, metadata={"help": "cpu, cuda, xpu, ...; default: the best available."}
-    )
-    cache_dir: str | None = field(default=None, metadata={"help": "Cache for parsed structures."})
-    ligand_context: bool = field(default=True, metadata={"help": LIGAND_CONTEXT_HELP})
-    ligand_exclude: list[str] = field(default_factory=list, metadata={"help": LIGAND_EXCLUDE_HELP})
 
     def __post_init__(self) -> None:
         check_signs(self, positive=("num_orders", "batch_size"), non_negative=("seed",))
 
 
-@torch.no_grad()
+@dataclass
+class ScoreConfig(ScoreOptions, ScoreFiles):
+    """`python -m dpo_inv score`: its files, then its options."""
+
+
 def score_dataset(
     models: list[ProteinMPNN],
     dataset: ExampleDataset,
-    config: ScoreConfig,
+    config: ScoreOptions,
     device: torch.device,
     columns: tuple[str, str] = ("chosen", "rejected"),
 ) -> list[PairLogps]:
@@ -172,7 +172,7 @@ def predict_labels(
     locations: Sequence[str],
     dataset: ExampleDataset,
     ridge: AugmentedRidge,
-    config: ScoreConfig,
+    config: ScoreOptions,
 ) -> str:
     """Add the augmented ridge's predicted label to each variant (which has its `delta_logp`); returns the
     field it fills. A variant of a wild type the ridge was not fitted on is bad input."""
@@ -201,7 +201,7 @@ def score_sequences(
     rows: list[dict],
     model: ProteinMPNN,
     dataset: ExampleDataset,
-    config: ScoreConfig,
+    config: ScoreOptions,
     device: torch.device,
     ridge: AugmentedRidge | None = None,
     locations: Sequence[str] = (),
@@ -292,7 +292,7 @@ def check_ridge(ridge: AugmentedRidge, model: ProteinMPNN, path: str, variant_sc
 
 
 def score_records(
-    model: ProteinMPNN, reference: ProteinMPNN | None, data: Data, config: ScoreConfig, name: str = "records"
+    model: ProteinMPNN, reference: ProteinMPNN | None, data: Data, config: ScoreOptions, name: str = "records"
 ) -> tuple[list[dict], dict, list[dict]]:
     """Score every record of `data` (a file or records in memory): the records with their scores, the
     summary, and the per-structure Spearman table (empty without labels)."""
@@ -352,48 +352,25 @@ def score_records(
 
 
 def score(
-    model: ProteinMPNN | str,
-    records: Data,
-    *,
-    reference: ProteinMPNN | str | None = None,
-    variant_scoring: Literal["conditional", "joint", "full"] | None = None,
-    decoding_order: Literal["random", "left_to_right"] | None = None,
-    ridge: str | Path | None = None,
-    score_field: str = "label",
-    lower_is_better: bool = False,
-    num_orders: int = 1,
-    seed: int = 42,
-    batch_size: int = 16,
-    device: str | None = None,
-    cache_dir: str | None = None,
-    ligand_context: bool = True,
-    ligand_exclude: Sequence[str] = (),
-    structure: str | None = None,
-    chain_id: Sequence[str] = (),
-    proteingym_reference: str | None = None,
-    mutant_numbering: Literal["sequence", "author"] = "sequence",
+    model: ProteinMPNN | str, records: Data, *, reference: ProteinMPNN | str | None = None, **options: Any
 ) -> ScoredRecords | pandas.DataFrame:
     """Score preference pairs or sequences under `model` (a model, or a name or path :func:`load_model`
-    takes), with the numbers `python -m dpo_inv score` writes.
+    takes), with the numbers `python -m dpo_inv score` writes; `options` are the command's others
+    (:class:`ScoreOptions`: `variant_scoring`, `decoding_order`, `ridge`, `score_field`, `structure`,
+    `chain_id`, ...), with its defaults.
 
     `records` is a data file, a list of dicts, a pandas DataFrame or a `datasets.Dataset`. Pairs get
     `preferred_logp` and `unpreferred_logp` (with a `reference`, also `preferred_reward` and
     `unpreferred_reward`); sequences with a `wildtype_seq` get `delta_logp`, other sequences `logp` and
-    `logp_per_residue` (see `python -m dpo_inv score --help` for the options). With `ridge`, the
-    `augmented_ridge.json` :func:`adapt` wrote for `model`, variants also get `predicted_<label field>`.
-    Records that name no structure (ProteinGym's `mutant`, `mutated_sequence`, `DMS_score`) take
-    `structure` and `chain_id`, or those of the row of `proteingym_reference` that names the file.
-    Returns the records with their scores: a DataFrame when `records` is one, else a list of dicts; the
-    summary the command prints is their `summary` (a DataFrame's `attrs["summary"]`), each structure's
-    Spearman their `per_structure`. Bad records raise one `DataError` (a `ValueError`), a line each.
+    `logp_per_residue`. With `ridge`, the `augmented_ridge.json` :func:`adapt` wrote for `model`, variants
+    also get `predicted_<label field>`. Records that name no structure (ProteinGym's `mutant`,
+    `mutated_sequence`, `DMS_score`) take `structure` and `chain_id`, or those of the row of
+    `proteingym_reference` that names the file. Returns the records with their scores: a DataFrame when
+    `records` is one, else a list of dicts; the summary the command prints is their `summary` (a
+    DataFrame's `attrs["summary"]`), each structure's Spearman their `per_structure`. Bad records raise
+    one `DataError` (a `ValueError`), a line each.
     """
-    config = ScoreConfig(data="", output="", structure=structure, chain_id=list(chain_id),
-                         proteingym_reference=proteingym_reference, mutant_numbering=mutant_numbering,
-                         variant_scoring=variant_scoring, decoding_order=decoding_order,
-                         ridge=None if ridge is None else str(ridge), score_field=score_field,
-                         lower_is_better=lower_is_better, num_orders=num_orders, seed=seed,
-                         batch_size=batch_size, device=device, cache_dir=cache_dir,
-                         ligand_context=ligand_context, ligand_exclude=list(ligand_exclude))  # fmt: skip
+    config = ScoreOptions(**options)
     policy = as_model(model)
     rows, summary, table = score_records(policy, None if reference is None else as_model(reference), records,
                                          config)  # fmt: skip

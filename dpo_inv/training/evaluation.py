@@ -117,9 +117,10 @@ def describe(metrics: dict[str, float]) -> str:
     )
 
 
-def improved(config: DPOConfig, metrics: dict[str, float], state: TrainerState) -> bool:
-    """Is `metric_for_best_model` better than at the model in best/, within `recovery_tolerance` of the
-    starting model's native recovery? Records it in `state` if so, and the starting model's recovery."""
+def update_best(config: DPOConfig, metrics: dict[str, float], state: TrainerState) -> bool:
+    """Record an evaluation in `state`'s best-model record: the starting model's native recovery (at step
+    0), and this step as the best where `metric_for_best_model` beats the model in best/ with native
+    recovery within `recovery_tolerance` of the start. True when this step is the new best."""
     value = metrics.get(config.metric_for_best_model, math.nan)  # kto: some may be missing
     recovery = metrics.get("eval_native_recovery")
     if state.global_step == 0 and recovery is not None:

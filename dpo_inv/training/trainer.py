@@ -40,13 +40,13 @@ from dpo_inv.training.checkpoints import (
     truncate_log,
 )
 from dpo_inv.training.config import DPOConfig
-from dpo_inv.training.evaluation import describe, eval_structures, improved, run_evaluation
+from dpo_inv.training.evaluation import describe, eval_structures, run_evaluation, update_best
 from dpo_inv.training.launch import device_backend, say, setup_environment, threads_per_process
 from dpo_inv.training.loading import RunData, load_data, precompute_reference, save_in_memory
 from dpo_inv.training.objective import Rows, add_rows, step_metrics, summarize
 from dpo_inv.training.output_lock import output_lock
 from dpo_inv.training.plot import plot
-from dpo_inv.training.stopping import StopSignals, diverged, ending, interrupted
+from dpo_inv.training.stopping import StopSignals, TrainingStopped, diverged, ending, interrupted
 
 
 def build_accelerator(config: DPOConfig, **options: Any) -> tuple[Accelerator, str]:
@@ -157,7 +157,8 @@ class Window:
 
     totals: dict[str, float] = field(default_factory=dict)  # each metric's sum over the examples, by name
     count: int = 0
-    skipped: int = 0
+    skipped: int = 0  # optimizer steps skipped for a non-finite loss or gradient
+    grad_norm: float = 0.0  # of the last optimizer step
     started: float = field(default_factory=time.perf_counter)
 
 
@@ -177,8 +178,6 @@ class Run:
     data: RunData
     steps: Steps
     state: TrainerState = field(default_factory=TrainerState)
-    grad_norm: float = 0.0  # of the last optimizer step
-    nonfinite_in_a_row: int = 0  # optimizer steps skipped in a row for a non-finite loss or gradient
     eval_metrics: dict[str, float] = field(default_factory=dict)  # of the last evaluation
     train_metrics: dict[str, float] = field(default_factory=dict)  # of the last training log line
     log_step_offset: int = 0  # added to the step in the trackers (rounds train one run after another)
@@ -306,44 +305,44 @@ def data_notes(config: DPOConfig, data: RunData, steps: Steps) -> list[str]:
     return notes
 
 
-def evaluate_and_keep_best(run: Run) -> dict[str, float]:
-    """Evaluate, log, and save the model as best/ when metric_for_best_model improved."""
-    metrics = run_evaluation(run.accelerator, run.config, run.model, run.reference, run.eval_loader,
-                             run.recovery_structures, run.data.variants)  # fmt: skip
-    run.log(metrics)
+def evaluate(run: Run) -> None:
+    """Evaluate and log; save the model as best/ when it is the new best."""
+    run.eval_metrics = run_evaluation(run.accelerator, run.config, run.model, run.reference, run.eval_loader,
+                                      run.recovery_structures, run.data.variants)  # fmt: skip
+    run.log(run.eval_metrics)
     if run.accelerator.is_main_process:
-        tqdm.write(f"step {run.state.global_step}: {describe(metrics)}")
-    if improved(run.config, metrics, run.state):
+        tqdm.write(f"step {run.state.global_step}: {describe(run.eval_metrics)}")
+    if update_best(run.config, run.eval_metrics, run.state):
         save_model(run.accelerator, run.model, run.output_dir / "best")
-    return metrics
 
 
-def micro_step(run: Run, batch: dict[str, torch.Tensor], epoch: int) -> tuple[Rows, bool]:
+def micro_step(run: Run, batch: dict[str, torch.Tensor], epoch: int) -> tuple[Rows, bool, float]:
     """Forward and backward of one micro-batch; at the end of an accumulation, the optimizer step unless
     the loss (on any rank) or the gradient norm is not finite. Returns every rank's per-example metrics,
-    by name, and whether the step was finite (every rank decides the same: losses are gathered, gradients
-    all-reduced)."""
+    by name, whether the micro-batch was finite (every rank decides the same: losses are gathered,
+    gradients all-reduced) and, at the end of an accumulation, the gradient norm (NaN otherwise)."""
     accelerator, model = run.accelerator, run.model
     # backbone noise and dropout drawn from the micro-batch's own seed: a resumed run draws what one that
     # was never stopped draws, whatever ran in between (evaluation, checkpoints)
     torch.manual_seed(derive_seed(run.config.seed, epoch, int(batch["index"][0]), accelerator.process_index))
+    grad_norm = math.nan
     with accelerator.accumulate(model):
         loss, rows = step_metrics(run.config, model, run.reference, batch, epoch, accelerator)
         accelerator.backward(loss)
         gathered = {name: values.cpu() for name, values in accelerator.gather_for_metrics(rows).items()}
         finite = bool(gathered["loss"].isfinite().all())
         if accelerator.sync_gradients:
-            run.grad_norm = float(
+            grad_norm = float(
                 accelerator.clip_grad_norm_(model.parameters(), run.config.max_grad_norm or math.inf)
             )
-            finite &= math.isfinite(run.grad_norm)
+            finite &= math.isfinite(grad_norm)
             if finite:
                 run.optimizer.step()
                 run.scheduler.step()
             elif accelerator.scaler is not None:
                 accelerator.scaler.update()  # fp16: lower the loss scale, as AMP does on overflow
         run.optimizer.zero_grad()
-    return gathered, finite
+    return gathered, finite, grad_norm
 
 
 def log_data_order(run: Run, batch: dict[str, torch.Tensor], epoch: int) -> None:
@@ -360,7 +359,7 @@ def log_window(run: Run, window: Window, epoch: int) -> Window:
     now = time.perf_counter()
     metrics = summarize(run.config, window.totals, window.count)
     metrics.update(
-        grad_norm=run.grad_norm,
+        grad_norm=window.grad_norm,
         skipped_steps=window.skipped,
         learning_rate=run.scheduler.get_last_lr()[0],
         epoch=epoch + run.state.batches_in_epoch / len(run.train_loader),
@@ -380,59 +379,62 @@ def epoch_batches(run: Run, epoch: int) -> DataLoader:
     return run.train_loader
 
 
-def end_of_step(run: Run, window: Window, finite: bool, signals: StopSignals, epoch: int) -> Window:
-    """After an optimizer step: count it; log, evaluate and save on schedule. Raises TrainingStopped, with
-    a checkpoint saved, on a signal or after too many non-finite steps in a row."""
-    config, state, steps = run.config, run.state, run.steps
-    state.global_step += 1
-    window.skipped += not finite
-    run.nonfinite_in_a_row = 0 if finite else run.nonfinite_in_a_row + 1
-    stop = None
-    if run.nonfinite_in_a_row >= config.max_consecutive_nonfinite:
-        stop = diverged(run.output_dir, state.global_step, run.nonfinite_in_a_row)
-    elif signals.received_on_any_rank() and state.global_step < steps.total:
-        stop = interrupted(run.output_dir, state.global_step, steps.total)
-    last = state.global_step >= steps.total
-    if state.global_step % config.logging_steps == 0 or last or stop:
-        window = log_window(run, window, epoch)
-    if run.has_eval and not stop and (state.global_step % steps.eval_every == 0 or last):
-        run.eval_metrics = evaluate_and_keep_best(run)
-    if state.global_step % steps.save_every == 0 or last or stop:
-        save_checkpoint(run.accelerator, config, state)
-    if stop:
-        raise stop
-    return window
+def stop_reason(run: Run, nonfinite_in_a_row: int, signals: StopSignals) -> TrainingStopped | None:
+    """Why training stops before its last step, if it does: too many non-finite steps in a row, or a
+    signal on any rank."""
+    step = run.state.global_step
+    if nonfinite_in_a_row >= run.config.max_consecutive_nonfinite:
+        return diverged(run.output_dir, step, nonfinite_in_a_row)
+    if signals.received_on_any_rank() and step < run.steps.total:
+        return interrupted(run.output_dir, step, run.steps.total)
+    return None
 
 
 def train_loop(run: Run) -> None:
-    """Train to the last step, one micro-batch at a time, then one optimizer step per accumulation."""
-    config, state = run.config, run.state
+    """Train to the last step: each micro-batch forward and backward, each accumulation's end an optimizer
+    step, then logging, evaluation and checkpoints on their schedules. Raises TrainingStopped, with a
+    checkpoint saved, on a signal or after too many non-finite steps in a row."""
+    accelerator, config, state, steps = run.accelerator, run.config, run.state, run.steps
     if config.eval_on_start and state.global_step == 0 and run.has_eval:
-        run.eval_metrics = evaluate_and_keep_best(run)
+        evaluate(run)
     run.model.train()
     window = Window()
-    finite = True
+    finite, nonfinite_in_a_row = True, 0
     name = {"pairs": "DPO", "labelled": "KTO", "structures": "SFT"}[config.record_kind]
-    bar = progress(total=run.steps.total, initial=state.global_step, desc=name, unit="step",
-                   disable=not run.accelerator.is_main_process)  # fmt: skip
-    with StopSignals(run.accelerator) as signals, bar:
-        for epoch in range(state.epoch, run.steps.epochs):
+    bar = progress(total=steps.total, initial=state.global_step, desc=name, unit="step",
+                   disable=not accelerator.is_main_process)  # fmt: skip
+    with StopSignals(accelerator) as signals, bar:
+        for epoch in range(state.epoch, steps.epochs):
             for batch in epoch_batches(run, epoch):
-                rows, batch_finite = micro_step(run, batch, epoch)
+                rows, batch_finite, grad_norm = micro_step(run, batch, epoch)
                 finite &= batch_finite
                 add_rows(window.totals, rows)
                 window.count += len(rows["loss"])
                 if config.log_data_order:
                     log_data_order(run, batch, epoch)
                 state.batches_in_epoch += 1
-                if not run.accelerator.sync_gradients:
+                if not accelerator.sync_gradients:
                     continue
-                bar.update(1)
-                loss = summarize(run.config, window.totals, window.count)["loss"]
-                bar.set_postfix(loss=f"{loss:.4f}", refresh=False)
-                window = end_of_step(run, window, finite, signals, epoch)
+                # an optimizer step was taken, or skipped as not finite
+                state.global_step += 1
+                window.grad_norm, window.skipped = grad_norm, window.skipped + (not finite)
+                nonfinite_in_a_row = 0 if finite else nonfinite_in_a_row + 1
                 finite = True
-                if state.global_step >= run.steps.total:
+                bar.update(1)
+                bar.set_postfix(
+                    loss=f"{summarize(config, window.totals, window.count)['loss']:.4f}", refresh=False
+                )
+                stop = stop_reason(run, nonfinite_in_a_row, signals)
+                last = state.global_step >= steps.total
+                if state.global_step % config.logging_steps == 0 or last or stop:
+                    window = log_window(run, window, epoch)
+                if run.has_eval and not stop and (state.global_step % steps.eval_every == 0 or last):
+                    evaluate(run)
+                if state.global_step % steps.save_every == 0 or last or stop:
+                    save_checkpoint(accelerator, config, state)
+                if stop:
+                    raise stop
+                if last:
                     return
 
 
