@@ -7,7 +7,6 @@ import inspect
 import os
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -162,21 +161,6 @@ LIGAND_CONTEXT_HELP = (
     "context off, as LigandMPNN's --ligand_mpnn_use_atom_context 0."
 )
 LIGAND_EXCLUDE_HELP = "LigandMPNN models: residue names left out of the ligand context, e.g. SO4 GOL EDO."
-
-
-@dataclass(kw_only=True)
-class ModelOptions:
-    """The options of every command that runs a model: where, and the context a LigandMPNN model sees."""
-
-    device: str | None = field(
-        default=None, metadata={"help": "cpu, cuda, xpu, ...; default: the best available."}
-    )
-    ligand_context: bool = field(default=True, metadata={"help": LIGAND_CONTEXT_HELP})
-    ligand_exclude: list[str] = field(default_factory=list, metadata={"help": LIGAND_EXCLUDE_HELP})
-
-    def parse_options(self, config: ProteinMPNNConfig) -> ParseOptions:
-        """How structures are read for a model of ``config`` with these options."""
-        return parse_options(config, self.ligand_context, self.ligand_exclude)
 
 
 def parse_options(

@@ -29,6 +29,7 @@ from dpo_inv.data.proteingym import StructureOptions
 from dpo_inv.data.records import Data, DataError, write_json
 from dpo_inv.models.combinations import Slots, base_order, joint_plan, joint_slots, slot_head
 from dpo_inv.models.mpnn import ProteinMPNN
+from dpo_inv.models.options import ModelOptions
 from dpo_inv.models.variants import (
     ConditionalStates,
     conditional_head,
@@ -41,7 +42,7 @@ from dpo_inv.models.variants import (
     spearman_by_structure,
     variant_labels,
 )
-from dpo_inv.models.weights import ModelOptions, as_model, load_model
+from dpo_inv.models.weights import as_model, load_model
 from dpo_inv.structures.parse import ALPHABET
 from dpo_inv.tools.folds import assign_folds, variant_groups
 from dpo_inv.tools.ridge import (

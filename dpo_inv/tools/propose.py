@@ -27,9 +27,10 @@ from dpo_inv.data.measurements import Measurement, read_measurements, read_varia
 from dpo_inv.data.records import DataError, write_json, write_text
 from dpo_inv.models.combinations import MAX_ORDERS, joint_deltas, joint_plan
 from dpo_inv.models.mpnn import ProteinMPNN, derive_seed
+from dpo_inv.models.options import ModelOptions
 from dpo_inv.models.sampling import sample_sequences
 from dpo_inv.models.variants import conditional_log_probs, round_metric
-from dpo_inv.models.weights import ModelOptions, as_model
+from dpo_inv.models.weights import as_model
 from dpo_inv.structures.parse import ALPHABET, AMINO_ACIDS, tokenize
 from dpo_inv.tools.acquisition import choose_batch, top_batch
 from dpo_inv.tools.adapt import Adapted, AdaptOptions, choose_and_train, variant_set

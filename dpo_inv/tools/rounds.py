@@ -19,13 +19,14 @@ from accelerate.utils import broadcast_object_list, gather_object
 
 from dpo_inv.data.records import DataError, write_jsonl
 from dpo_inv.models.mpnn import ProteinMPNN, derive_seed
+from dpo_inv.models.options import check_signs
 from dpo_inv.models.weights import load_model, model_parse_options
 from dpo_inv.structures.parse import ALPHABET
 from dpo_inv.tools.pairs import STRATEGIES, PairsConfig, pairs_file
 from dpo_inv.tools.reward_fn import RewardError, RewardFunction, compute_rewards
 from dpo_inv.tools.sample import SampleOptions, sample_structure
 from dpo_inv.tools.targets import Targets, load_targets
-from dpo_inv.training.config import EXIT_BAD_INPUT, DPOConfig, check_signs, field_help
+from dpo_inv.training.config import EXIT_BAD_INPUT, DPOConfig, field_help
 from dpo_inv.training.launch import say
 from dpo_inv.training.loading import load_data
 from dpo_inv.training.output_lock import output_lock

@@ -19,9 +19,9 @@ from dpo_inv.data.batches import collate
 from dpo_inv.data.progress import progress
 from dpo_inv.data.records import rebase_paths, write_text
 from dpo_inv.models.mpnn import ProteinMPNN, ProteinMPNNConfig, derive_seed
+from dpo_inv.models.options import ModelOptions, check_signs
 from dpo_inv.models.sampling import allowed_tokens, sample_sequences
 from dpo_inv.models.weights import (
-    ModelOptions,
     as_model,
     load_model,
     read_config,
@@ -38,7 +38,6 @@ from dpo_inv.structures.parse import (
     protein_chains,
     read_model,
 )
-from dpo_inv.training.config import check_signs
 from dpo_inv.training.launch import resolve_device
 
 STRUCTURE_SUFFIXES = (".gz", ".pdb", ".ent", ".cif", ".mmcif")

@@ -29,6 +29,7 @@ from dpo_inv.data.records import (
     write_jsonl,
 )
 from dpo_inv.models.mpnn import ProteinMPNN
+from dpo_inv.models.options import ModelOptions, check_signs
 from dpo_inv.models.variants import (
     conditional_deltas,
     group_variants,
@@ -38,11 +39,10 @@ from dpo_inv.models.variants import (
     spearman,
     spearman_by_structure,
 )
-from dpo_inv.models.weights import ModelOptions, as_model, load_model, shared_parse_options
+from dpo_inv.models.weights import as_model, load_model, shared_parse_options
 from dpo_inv.structures.context import empty_context_note
 from dpo_inv.structures.parse import ALPHABET
 from dpo_inv.tools.ridge import AugmentedRidge, model_fingerprint
-from dpo_inv.training.config import check_signs
 from dpo_inv.training.launch import resolve_device
 from dpo_inv.training.loss import PairLogps, batch_ranks, pair_logps
 

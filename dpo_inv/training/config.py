@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields
 from importlib.util import find_spec
-from typing import Any, Literal
+from typing import Literal
 
 from accelerate.utils import LoggerType
 
+from dpo_inv.models.options import check_signs
 from dpo_inv.models.weights import LIGAND_CONTEXT_HELP, LIGAND_EXCLUDE_HELP
 from dpo_inv.training import kto, sft
 from dpo_inv.training.loss import LOSS_TYPES, METRICS
@@ -35,16 +36,6 @@ EPILOG = (
     "written (a full disk or quota), the previous checkpoint complete; 1 on another error, which each "
     "failing rank reports as a last line 'rank R: ...' on stderr. A second signal ends the process at once."
 )
-
-
-def check_signs(config: Any, positive: tuple[str, ...] = (), non_negative: tuple[str, ...] = ()) -> None:
-    """Refuse a number of the wrong sign (or NaN) among the named options; None passes (not set)."""
-    for names, rule in ((positive, "> 0"), (non_negative, ">= 0")):
-        for name in names:
-            value = getattr(config, name)
-            for number in value if isinstance(value, list) else [value]:
-                if number is not None and not (number > 0 if rule == "> 0" else number >= 0):
-                    raise ValueError(f"{name} must be {rule}, got {value}")
 
 
 def field_help(text: str, **kwargs) -> dict:
