@@ -20,7 +20,9 @@ random).
     python scripts/adapt_experiments.py --output outputs/adapt_experiments.jsonl   # runs, appends
     python scripts/adapt_experiments.py --output outputs/adapt_experiments.jsonl --summary
 
-Each (domain, N, seed) is one line of the output; a line already there is not run again. `--shard I/K`
+`--scans ../shared/function/*.csv` does the same on ProteinGym scans (`DMS_score`; the structure from the
+`reference.csv` beside them), each scan one protein. Each (domain, N, seed) is one line of the output; a
+line already there is not run again. `--shard I/K`
 runs every K-th domain from the I-th, so K processes can share the domains.
 """
 
@@ -36,8 +38,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from dpo_inv.data.dataset import VARIANTS, load_records
-from dpo_inv.models.variants import spearman
+from dpo_inv.data.dataset import VARIANTS, RecordSet, load_records
+from dpo_inv.data.proteingym import from_reference
+from dpo_inv.models.variants import spearman, variant_labels
 from dpo_inv.models.weights import load_model
 from dpo_inv.tools.adapt import AdaptOptions, choose_and_train, fit_augmented_ridge, variant_sets
 from dpo_inv.tools.ridge import augmented_features, fit_ridge_cv, one_hot
@@ -55,13 +58,25 @@ def domain_records(path: Path, domain: str) -> list[dict]:
     ]
 
 
-def run_domain(domain: str, args: argparse.Namespace, done: set, output) -> None:
+def domain_data(domain: str, args: argparse.Namespace) -> tuple[RecordSet, np.ndarray]:
+    """A stability domain's variants and labels (-ddG)."""
     records = domain_records(args.data, domain)
     with tempfile.TemporaryDirectory() as tmp:
         file = Path(tmp) / f"{domain}.jsonl"
         file.write_text("".join(json.dumps(r) + "\n" for r in records))
-        data = load_records(file, args.cache_dir, kind=VARIANTS)
-    labels = np.array([r["score"] for r in records])
+        return load_records(file, args.cache_dir, kind=VARIANTS), np.array([r["score"] for r in records])
+
+
+def scan_data(scan: Path, args: argparse.Namespace) -> tuple[RecordSet, np.ndarray]:
+    """A ProteinGym scan's variants and DMS_score, its structure from the reference.csv beside it."""
+    given = from_reference(scan.parent / "reference.csv", scan, "sequence")
+    labels = np.array(variant_labels(str(scan), "DMS_score", False, "records", given))
+    return load_records(str(scan), args.cache_dir, kind=VARIANTS, given=given), labels
+
+
+def run_domain(domain: str, args: argparse.Namespace, done: set, output) -> None:
+    data, labels = scan_data(Path(domain), args) if args.scans else domain_data(domain, args)
+    domain = Path(domain).stem if args.scans else domain
     model = load_model(args.model)
     config = AdaptOptions()
     (full,) = variant_sets(model, data, labels, config, torch.device("cpu"))
@@ -75,7 +90,7 @@ def run_domain(domain: str, args: argparse.Namespace, done: set, output) -> None
             if (domain, n, seed) in done:
                 continue
             start = time.time()
-            rows = np.random.default_rng(seed).permutation(len(records))
+            rows = np.random.default_rng(seed).permutation(len(labels))
             train, test = rows[:n], rows[n:]
             result = choose_and_train(model, [full.subset(train)], config)
             seconds = time.time() - start
@@ -101,7 +116,7 @@ def run_domain(domain: str, args: argparse.Namespace, done: set, output) -> None
                 "domain": domain,
                 "n": n,
                 "seed": seed,
-                "length": len(records[0]["wildtype_seq"]),
+                "length": len(full.wildtype),
                 "test": len(test),
                 **{name: spearman(scores[name][test], labels[test]) for name in METHODS},
                 "decision": result.decision,
@@ -170,6 +185,12 @@ def main() -> None:
     parser.add_argument(
         "--domains", default=None, help="Comma-separated; default: the first 20 of every third by name."
     )
+    parser.add_argument(
+        "--scans",
+        nargs="+",
+        type=Path,
+        help="ProteinGym scan files (reference.csv beside them) instead of --data",
+    )
     parser.add_argument("--sizes", default="24,48,96,192")
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--model", default="vanilla/v_48_020")
@@ -183,7 +204,9 @@ def main() -> None:
         return
     args.sizes = [int(n) for n in args.sizes.split(",")]
     args.seeds = [int(s) for s in args.seeds.split(",")]
-    if args.domains:
+    if args.scans:
+        domains = [str(scan) for scan in args.scans]
+    elif args.domains:
         domains = args.domains.split(",")
     else:
         all_domains = sorted({json.loads(line)["domain"] for line in args.data.read_text().splitlines()})

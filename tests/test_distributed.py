@@ -107,7 +107,7 @@ def test_two_processes_match_one_process_with_the_same_global_batch(tmp_path, si
     assert [m["step"] for m in metrics(output)] == [m["step"] for m in metrics(single)]
     for a, b in zip(metrics(single), metrics(output), strict=True):
         for key in a:
-            if key != "pairs_per_second":
+            if key != "samples_per_second":
                 assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-5), key
     expected, actual = weights(single / "final"), weights(output / "final")
     for key in expected:

@@ -89,7 +89,7 @@ def test_resume_continues_exactly_and_old_checkpoints_are_pruned(tmp_path):
     assert [m["step"] for m in logged] == [1, 2, 3, 4, 5, 6]
     assert {"loss", "rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins",
             "logps/chosen", "logps/rejected", "grad_norm", "learning_rate", "epoch",
-            "pairs_per_second"} <= set(logged[0])  # fmt: skip
+            "samples_per_second"} <= set(logged[0])  # fmt: skip
     assert logged[0]["loss"] == pytest.approx(math.log(2), abs=1e-4)  # policy == reference at the start
     assert logged[-1]["epoch"] == pytest.approx(1.5)
 
@@ -176,7 +176,7 @@ def test_precomputed_reference_log_probs_give_the_same_training(tmp_path):
     assert len(plain) == len(pre) == 3
     for a, b in zip(plain, pre, strict=True):
         for key in a:
-            if key != "pairs_per_second":
+            if key != "samples_per_second":
                 assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-6), key
 
 

@@ -363,7 +363,7 @@ def log_window(run: Run, window: Window, epoch: int) -> Window:
         skipped_steps=window.skipped,
         learning_rate=run.scheduler.get_last_lr()[0],
         epoch=epoch + run.state.batches_in_epoch / len(run.train_loader),
-        pairs_per_second=window.count / (now - window.started),
+        samples_per_second=window.count / (now - window.started),
     )
     run.log(metrics)
     run.train_metrics = metrics
