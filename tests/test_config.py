@@ -166,7 +166,7 @@ def test_help_lists_every_field_with_its_default():
         assert f"--{name}" in result.stdout
     assert "(default: 0.1)" in result.stdout
     assert result.stdout.startswith("usage: python -m dpo_inv.run [--config FILE.yaml]")
-    assert "--no_disable_dropout, --no-disable-dropout\n" + 24 * " " + "Turn --disable_dropout off.\n" in (
+    assert "--no_ligand_context, --no-ligand-context\n" + 24 * " " + "Turn --ligand_context off.\n" in (
         result.stdout
     )
 

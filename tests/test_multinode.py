@@ -166,8 +166,8 @@ def assert_one_writer_and_one_run(shared: Path, single: Path, events: list[dict]
         if e["event"] == "write" and e["rank"] != "0":
             assert Path(e["path"]).name == f"random_states_{e['rank']}.pkl", e
 
-    # the Arrow cache: one folder of structures and one of pairs, each saved once, by rank 0
-    assert sorted(p.name.split("-")[0] for p in cache.iterdir()) == ["pairs", "structures"]
+    # the Arrow cache: one folder of structures and one of records (the pairs), each saved once, by rank 0
+    assert sorted(p.name.split("-")[0] for p in cache.iterdir()) == ["records", "structures"]
     saved = [(e["rank"], Path(e["to"]).name) for e in events
              if e["event"] == "rename" and Path(e["to"]).parent == cache]  # fmt: skip
     assert sorted(saved) == sorted(("0", p.name) for p in cache.iterdir())
