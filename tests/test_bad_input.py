@@ -201,6 +201,7 @@ def test_bad_input_on_two_ranks_is_reported_once_by_rank_0(tmp_path):
     assert 'dpo_inv/training/trainer.py", line' not in output
 
 
+@pytest.mark.slow
 def test_an_eval_split_that_leaves_nothing_to_train_on_exits_2(tmp_path):
     good = (BAD / "wrong_length.jsonl").read_text().splitlines()[0]  # one pair, one structure
     data = tmp_path / "one.jsonl"

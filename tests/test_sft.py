@@ -156,6 +156,7 @@ def test_sft_on_two_processes_equals_one(tmp_path: Path, small_folder: Path):
         torch.testing.assert_close(weights(tmp_path / "two" / "final")[name], value, atol=1e-6, rtol=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("args", "message"),
     [
