@@ -33,6 +33,7 @@ import json
 import os
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -78,10 +79,10 @@ def run_domain(domain: str, args: argparse.Namespace, done: set, output) -> None
     data, labels = scan_data(Path(domain), args) if args.scans else domain_data(domain, args)
     domain = Path(domain).stem if args.scans else domain
     model = load_model(args.model)
-    config = AdaptOptions()
+    config = AdaptOptions(**({"max_steps": args.max_steps} if args.max_steps else {}))
     (full,) = variant_sets(model, data, labels, config, torch.device("cpu"))
     (evaluation,) = variant_sets(
-        model, data, labels, AdaptOptions(decoding_order="random"), torch.device("cpu")
+        model, data, labels, replace(config, decoding_order="random"), torch.device("cpu")
     )
     tokens = full.variants  # records in file order: one structure, one wild type
     base = evaluation.reference.numpy()
@@ -194,6 +195,7 @@ def main() -> None:
     parser.add_argument("--sizes", default="24,48,96,192")
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--model", default="vanilla/v_48_020")
+    parser.add_argument("--max_steps", default=None, help="adapt's grid of lengths; default adapt's own.")
     parser.add_argument("--cache_dir", default=None)
     parser.add_argument("--shard", default="0/1", help="I/K: every K-th domain from the I-th.")
     parser.add_argument("--output", type=Path, required=True)
@@ -204,6 +206,7 @@ def main() -> None:
         return
     args.sizes = [int(n) for n in args.sizes.split(",")]
     args.seeds = [int(s) for s in args.seeds.split(",")]
+    args.max_steps = [int(s) for s in args.max_steps.split(",")] if args.max_steps else None
     if args.scans:
         domains = [str(scan) for scan in args.scans]
     elif args.domains:

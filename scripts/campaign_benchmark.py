@@ -12,8 +12,10 @@ A landscape folder holds `landscape.json` (pdb_file, chain_id, wildtype_seq, sit
 (`mutant` or `mutated_sequence`, `DMS_score`; its structure from `--structure`, or from the `reference.csv`
 beside it) or variant records with `pdb_file`, `sequence` and the value (one campaign per structure). The
 oracle reveals only what was proposed; the candidates are the measured variants (combinations never
-measured cannot be proposed). Each campaign measures `--initial` variants (at random, or the zero-shot
-model's best with `--first_round zero_shot`), then `--rounds` batches of `--batch`. Methods, in the same runs:
+measured cannot be proposed). Each campaign measures `--initial` variants (at random; with
+`--first_round zero_shot` as `propose` picks a first batch, half the zero-shot model's best and half
+covering the residues; `zero_shot_top`: only its best), then `--rounds` batches of `--batch`. Methods, in
+the same runs:
 
 - dpo_inv: what `dpo-inv propose` does — adapt the model to the measurements (on scans; `--adapt` on a
   landscape too), then the ensemble ridge on one-hot, mutated-position, pair and model-score features
@@ -46,7 +48,7 @@ from dpo_inv.data.records import read_records
 from dpo_inv.models.mpnn import ProteinMPNN
 from dpo_inv.models.weights import load_model
 from dpo_inv.structures.parse import ALPHABET
-from dpo_inv.tools.acquisition import choose_batch, top_batch
+from dpo_inv.tools.acquisition import choose_batch, top_batch, zero_shot_batch
 from dpo_inv.tools.adapt import AdaptOptions, VariantSet, choose_and_train, variant_set
 from dpo_inv.tools.design_space import read_design_space
 from dpo_inv.tools.propose import measured_variants, zero_shot
@@ -76,7 +78,7 @@ def problem(name: str, structure: str, chain: str, rows: list, model: ProteinMPN
     space, example = read_design_space(structure, [chain])
     variants, values = measured_variants(space, rows)
     parent = torch.from_numpy(space.parent)
-    batch = collate([{**example, "chosen": parent, "rejected": parent}])
+    batch = collate([{**example, "wildtype": parent}])
     if (variants != space.parent).sum(1).max() == 1:  # single mutants: the states of every one, once
         full = variant_set(model, batch, variants, values, None)
         scores = full.reference.numpy().astype(np.float64)
@@ -151,6 +153,8 @@ def campaign(method: str, seed: int, p: Problem, args: argparse.Namespace) -> li
     top = set(np.flatnonzero(values >= threshold).tolist())  # the top 1%, and any tied with its last
     if args.first_round == "random":
         measured = list(rng.choice(len(values), args.initial, replace=False))
+    elif args.first_round == "zero_shot":
+        measured = list(zero_shot_batch(p.variants, p.scores, p.parent, args.initial)[0])
     else:
         measured = list(top_batch(p.scores, args.initial))
     history = []
@@ -207,7 +211,12 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--batch", type=int, default=96)
     parser.add_argument("--seeds", type=int, default=10)
-    parser.add_argument("--first_round", choices=("random", "zero_shot"), default="random")
+    parser.add_argument(
+        "--first_round",
+        choices=("random", "zero_shot", "zero_shot_top"),
+        default="random",
+        help="zero_shot: as propose picks a first batch; zero_shot_top: the zero-shot score's best.",
+    )
     parser.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS))
     args = parser.parse_args()
     torch.set_num_threads(1)

@@ -1,6 +1,7 @@
 """Design campaigns: the joint estimator against the decoder itself, `dpo_inv.propose` round after round on
 real measurements (stability of a small domain), and its bad input."""
 
+import itertools
 import json
 import subprocess
 import sys
@@ -17,6 +18,7 @@ from dpo_inv.data.dataset import VARIANTS, load_records
 from dpo_inv.models.combinations import Slots, joint_deltas, joint_plan, joint_slots, rotations, slot_head
 from dpo_inv.models.variants import conditional_deltas, spearman
 from dpo_inv.models.weights import load_model
+from dpo_inv.tools.acquisition import zero_shot_batch
 from dpo_inv.tools.adapt import AdaptOptions, train_head, variant_set
 
 STRUCTURE = EXAMPLE / "adapt" / "2jws_A_7-54.pdb.gz"
@@ -225,8 +227,26 @@ def test_propose_from_python_with_a_model_object(tmp_path, model):
     )
     lines = (tmp_path / "c" / "round_1" / "proposals.csv").read_text().splitlines()
     assert summary["candidates"] == 8 + 7 + 8 * 7 and len(lines) == 6
-    assert all(line.endswith(",zero_shot") for line in lines[1:])
+    picked_by = [line.rsplit(",", 1)[1] for line in lines[1:]]
+    assert sorted(picked_by) == ["zero_shot"] * 3 + ["zero_shot_coverage"] * 2
+    scores = [float(line.split(",")[5]) for line in lines[1:]]
+    assert scores == sorted(scores, reverse=True)
     assert json.loads((tmp_path / "c" / "campaign.json").read_text())["max_mutations"] == 2
+
+
+def test_a_first_batch_covers_the_residues_the_zero_shot_best_leaves_out():
+    """Without measurements: half the batch is the zero-shot best; the other half are the candidates, best
+    first, that hold a residue at a position no better-scored candidate holds."""
+    parent = np.zeros(3, dtype=int)
+    # after 1,1,1 and 2,2,2 the mixed candidates hold no new residue at any position
+    mixed = [c for c in itertools.product((1, 2), repeat=3) if len(set(c)) == 2]
+    candidates = np.array([(1, 1, 1), (2, 2, 2), *mixed, (3, 3, 3)])
+    scores = np.array([10.0, 9.0, *np.linspace(8, 3, len(mixed)), 0.0])
+    picked, covering = zero_shot_batch(candidates, scores, parent, 6)
+    assert [tuple(c) for c in candidates[picked[covering]]] == [(1, 1, 1), (2, 2, 2), (3, 3, 3)]
+    assert list(picked) == [0, 1, 2, 3, 4, 8]  # best-scored first; the top 6 would leave residue 3 out
+    everything, _ = zero_shot_batch(candidates, scores, parent, len(candidates))
+    assert sorted(everything) == list(range(len(candidates)))
 
 
 def test_a_list_of_candidates_is_the_space(tmp_path, model):
@@ -308,3 +328,47 @@ def test_rounds_measured_by_a_function_from_python_and_the_shell(tmp_path, model
     assert result.returncode == 0, result.stderr
     assert [json.loads(line)["round"] for line in result.stdout.splitlines()] == [1, 2]
     assert len((tmp_path / "s" / "round_2" / "measurements.csv").read_text().splitlines()) == 5
+
+
+def benchmark(*args: str) -> dict:
+    command = [sys.executable, str(ROOT / "scripts" / "campaign_benchmark.py"), *args]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stderr[-2000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def check_runs(out: dict, measured: list[int]) -> None:
+    """Every method's rounds: fractions in [0, 1], never lower than the round before, and the same first
+    round for every method (one draw per seed)."""
+    assert out["measured"] == measured
+    assert set(out["methods"]) == {"dpo_inv", "augmented_ridge", "greedy_zero_shot", "random"}
+    firsts = set()
+    for result in out["methods"].values():
+        for key in ("best_fraction", "top1_found"):
+            means = [mean for mean, _ in result[key]]
+            assert len(means) == len(measured) and all(0 <= m <= 1 for m in means)
+            assert means == sorted(means)
+        firsts.add(tuple(result["best_fraction"][0]))
+    assert len(firsts) == 1
+
+
+@pytest.mark.slow
+def test_the_campaign_benchmark_on_a_landscape_and_on_a_scan(tmp_path):
+    """`scripts/campaign_benchmark.py` on a landscape in the layout of `../shared/campaign/trpb` (its 400
+    variants whose first two sites are the parent's) and on single-mutant records."""
+    trpb = ROOT.parent / "shared" / "campaign" / "trpb"
+    landscape = json.loads((trpb / "landscape.json").read_text())
+    (tmp_path / "structures").mkdir()
+    (tmp_path / "structures" / "5DVZ_A.pdb.gz").symlink_to(trpb / landscape["pdb_file"])
+    (tmp_path / "landscape.json").write_text(json.dumps(landscape))
+    lines = (trpb / "variants.csv").read_text().splitlines()
+    kept = [line for line in lines[1:] if line.startswith(landscape["parent_combination"][:2])]
+    (tmp_path / "variants.csv").write_text("\n".join([lines[0], *kept]) + "\n")
+    assert len(kept) == 400
+    common = ["--rounds", "2", "--seeds", "2"]
+    out = benchmark("--landscape", str(tmp_path), "--initial", "16", "--batch", "16", *common,
+                    "--first_round", "zero_shot")  # fmt: skip
+    check_runs(out, [16, 32, 48])
+    out = benchmark("--scan", str(EXAMPLE / "adapt" / "labelled.jsonl"), "--value_field", "label",
+                    "--initial", "24", "--batch", "8", *common)  # fmt: skip
+    check_runs(out, [24, 32, 40])

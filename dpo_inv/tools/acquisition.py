@@ -5,7 +5,8 @@ is mutated (what the single mutants at one position share), their pairs (one-hot
 the epistasis a four-site library is made of) and model scores as unpenalised features (the zero-shot score,
 and an adapted model's); `members` fits on bootstrap resamples of the measurements give a mean and a spread.
 The batch is the B candidates not yet measured with the highest draw: Thompson sampling (each candidate's
-value drawn from one member), UCB (mean + spread) or greedy (mean).
+value drawn from one member), UCB (mean + spread) or greedy (mean). Before there is anything to fit on, the
+batch is the zero-shot score's: half its best, half covering the residues of the space (`zero_shot_batch`).
 """
 
 from __future__ import annotations
@@ -118,6 +119,26 @@ def acquisition_values(predictions: np.ndarray, rule: Acquisition, seed: int = 0
 def top_batch(values: np.ndarray, batch: int) -> np.ndarray:
     """Indices of the ``batch`` highest ``values``, best first (ties: the earlier candidate)."""
     return np.argsort(-values, kind="stable")[:batch]
+
+
+def zero_shot_batch(candidates: np.ndarray, scores: np.ndarray, parent: np.ndarray,
+                    batch: int) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+    """A first batch from the zero-shot ``scores`` alone: ``batch // 2`` candidates cover the space, each the
+    best-scored candidate holding one residue at one varied position (the residues whose best candidate
+    scores highest first), the rest are the best-scored candidates not yet picked. Returns the picked indices,
+    best-scored first, and whether each was picked to cover the space."""
+    order = np.argsort(-scores, kind="stable")
+    varied = np.flatnonzero((candidates != parent[None, :]).any(0))
+    best_holding = []  # per (position, residue): the best-scored candidate holding it
+    for position in varied:
+        _, first = np.unique(candidates[order, position], return_index=True)
+        best_holding.append(order[first])
+    holders = np.unique(np.concatenate(best_holding))
+    covering = holders[np.argsort(-scores[holders], kind="stable")][: batch // 2]
+    rest = order[~np.isin(order, covering)][: batch - len(covering)]
+    picked = np.concatenate([covering, rest])
+    picked = picked[np.argsort(-scores[picked], kind="stable")]
+    return picked, np.isin(picked, covering)
 
 
 def choose_batch(measured: np.ndarray, values: np.ndarray, measured_scores: np.ndarray,

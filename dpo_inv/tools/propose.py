@@ -32,7 +32,7 @@ from dpo_inv.models.sampling import sample_sequences
 from dpo_inv.models.variants import conditional_log_probs, round_metric
 from dpo_inv.models.weights import as_model
 from dpo_inv.structures.parse import ALPHABET, AMINO_ACIDS, tokenize
-from dpo_inv.tools.acquisition import choose_batch, top_batch
+from dpo_inv.tools.acquisition import choose_batch, zero_shot_batch
 from dpo_inv.tools.adapt import Adapted, AdaptOptions, choose_and_train, variant_set
 from dpo_inv.tools.design_space import MAX_CANDIDATES, DesignSpace, read_design_space
 from dpo_inv.tools.reward_fn import RewardFunction, compute_rewards
@@ -40,7 +40,7 @@ from dpo_inv.tools.sample import prepare_design
 from dpo_inv.training.launch import resolve_device
 
 CAMPAIGN_FILE = "campaign.json"
-MIN_MEASURED = 8  # fewer measurements: the batch is the zero-shot score's best
+MIN_MEASURED = 8  # fewer measurements: the batch is the zero-shot score's (`zero_shot_batch`)
 # where the space is too large to list: this many sets of positions, this many samples on each
 SAMPLED_SETS = 128
 SAMPLES_PER_SET = 16
@@ -373,20 +373,22 @@ def propose_round(config: ProposeConfig, model: ProteinMPNN | None = None) -> di
         picked, mean, spread = choose_batch(measured, values, measured_scores, candidates, candidate_scores,
                                             space.parent, config.batch_size, config.acquisition,
                                             config.members, config.seed, draw_seed)  # fmt: skip
-        rule = config.acquisition
+        rules = [config.acquisition] * len(picked)
         why = f"{config.acquisition} on the ensemble of {config.members} ({len(measured)} measured"
         why += f"; model {adapted.decision})" if adapted else ")"
     else:
-        picked = top_batch(candidate_scores[:, 0], config.batch_size)
+        batch = config.batch_size
+        picked, covering = zero_shot_batch(candidates, candidate_scores[:, 0], space.parent, batch)
         mean = spread = np.full(len(candidates), np.nan)
-        rule = "zero_shot"
-        why = f"zero-shot joint delta_logp ({len(measured)} measured, fewer than {MIN_MEASURED} to fit on)"
+        rules = ["zero_shot_coverage" if c else "zero_shot" for c in covering]
+        why = (f"zero-shot joint delta_logp, half its best and half covering the space's residues "
+               f"({len(measured)} measured, fewer than {MIN_MEASURED} to fit on)")  # fmt: skip
     sign = -1.0 if config.lower_is_better else 1.0
     n = last + 1
     out = folder / f"round_{n}"
     table = ["rank,mutations,sequence,predicted,uncertainty,zero_shot_delta_logp,picked_by"]
     fasta = []
-    for rank, i in enumerate(picked, 1):
+    for rank, (i, rule) in enumerate(zip(picked, rules, strict=True), 1):
         sequence = "".join(ALPHABET[t] for t in candidates[i])
         mutations = space.mutations(candidates[i])
         table.append(f"{rank},{mutations},{sequence},{_number(sign * mean[i])},{_number(spread[i])},"
