@@ -228,23 +228,23 @@ def test_propose_from_python_with_a_model_object(tmp_path, model):
     lines = (tmp_path / "c" / "round_1" / "proposals.csv").read_text().splitlines()
     assert summary["candidates"] == 8 + 7 + 8 * 7 and len(lines) == 6
     picked_by = [line.rsplit(",", 1)[1] for line in lines[1:]]
-    assert sorted(picked_by) == ["zero_shot"] * 3 + ["zero_shot_coverage"] * 2
+    assert sorted(picked_by) == ["zero_shot"] * 2 + ["zero_shot_coverage"] * 3
     scores = [float(line.split(",")[5]) for line in lines[1:]]
     assert scores == sorted(scores, reverse=True)
     assert json.loads((tmp_path / "c" / "campaign.json").read_text())["max_mutations"] == 2
 
 
 def test_a_first_batch_covers_the_residues_the_zero_shot_best_leaves_out():
-    """Without measurements: half the batch is the zero-shot best; the other half are the candidates, best
-    first, that hold a residue at a position no better-scored candidate holds."""
+    """Without measurements: three quarters of the batch are the candidates, best first, that hold a residue
+    at a position no better-scored candidate holds; the rest is the zero-shot best."""
     parent = np.zeros(3, dtype=int)
     # after 1,1,1 and 2,2,2 the mixed candidates hold no new residue at any position
     mixed = [c for c in itertools.product((1, 2), repeat=3) if len(set(c)) == 2]
     candidates = np.array([(1, 1, 1), (2, 2, 2), *mixed, (3, 3, 3)])
     scores = np.array([10.0, 9.0, *np.linspace(8, 3, len(mixed)), 0.0])
-    picked, covering = zero_shot_batch(candidates, scores, parent, 6)
+    picked, covering = zero_shot_batch(candidates, scores, parent, 4)
     assert [tuple(c) for c in candidates[picked[covering]]] == [(1, 1, 1), (2, 2, 2), (3, 3, 3)]
-    assert list(picked) == [0, 1, 2, 3, 4, 8]  # best-scored first; the top 6 would leave residue 3 out
+    assert list(picked) == [0, 1, 2, 8]  # best-scored first; the top 4 would leave residue 3 out
     everything, _ = zero_shot_batch(candidates, scores, parent, len(candidates))
     assert sorted(everything) == list(range(len(candidates)))
 

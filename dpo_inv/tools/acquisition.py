@@ -6,7 +6,8 @@ the epistasis a four-site library is made of) and model scores as unpenalised fe
 and an adapted model's); `members` fits on bootstrap resamples of the measurements give a mean and a spread.
 The batch is the B candidates not yet measured with the highest draw: Thompson sampling (each candidate's
 value drawn from one member), UCB (mean + spread) or greedy (mean). Before there is anything to fit on, the
-batch is the zero-shot score's: half its best, half covering the residues of the space (`zero_shot_batch`).
+batch is the zero-shot score's: three quarters covering the residues of the space, a quarter its best
+(`zero_shot_batch`).
 """
 
 from __future__ import annotations
@@ -123,8 +124,8 @@ def top_batch(values: np.ndarray, batch: int) -> np.ndarray:
 
 def zero_shot_batch(candidates: np.ndarray, scores: np.ndarray, parent: np.ndarray,
                     batch: int) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
-    """A first batch from the zero-shot ``scores`` alone: ``batch // 2`` candidates cover the space, each the
-    best-scored candidate holding one residue at one varied position (the residues whose best candidate
+    """A first batch from the zero-shot ``scores`` alone: ``3 * batch // 4`` candidates cover the space, each
+    the best-scored candidate holding one residue at one varied position (the residues whose best candidate
     scores highest first), the rest are the best-scored candidates not yet picked. Returns the picked indices,
     best-scored first, and whether each was picked to cover the space."""
     order = np.argsort(-scores, kind="stable")
@@ -134,7 +135,7 @@ def zero_shot_batch(candidates: np.ndarray, scores: np.ndarray, parent: np.ndarr
         _, first = np.unique(candidates[order, position], return_index=True)
         best_holding.append(order[first])
     holders = np.unique(np.concatenate(best_holding))
-    covering = holders[np.argsort(-scores[holders], kind="stable")][: batch // 2]
+    covering = holders[np.argsort(-scores[holders], kind="stable")][: 3 * batch // 4]
     rest = order[~np.isin(order, covering)][: batch - len(covering)]
     picked = np.concatenate([covering, rest])
     picked = picked[np.argsort(-scores[picked], kind="stable")]
