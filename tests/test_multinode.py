@@ -10,6 +10,7 @@ the launch variables and threads the run settled on."""
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -189,7 +190,11 @@ def test_torchrun_on_two_nodes_matches_one_process(tmp_path, single_process, sha
         log = tmp_path / f"node{rank}.log"
         runs[log] = start(command, log, cwd=node)
     log, other = finished(runs)
-    assert f"2 process(es) on cpu:0 (gloo backend, torchrun launch, {CORES} thread(s) each)" in log
+    # the two "nodes" share this machine's cores: each may measure the other as busy work (launch.busy_cores)
+    threads = re.search(
+        r"2 process\(es\) on cpu:0 \(gloo backend, torchrun launch, (\d+) thread\(s\) each\)", log
+    )
+    assert threads and 1 <= int(threads[1]) <= CORES
     assert "Parameters identical on all 2 process(es)" in log
     assert "Parameters identical" not in other and "Done:" not in other  # rank 0 alone speaks
     assert all(not any(node.iterdir()) for node in nodes)  # nothing written into the working folders
@@ -197,7 +202,8 @@ def test_torchrun_on_two_nodes_matches_one_process(tmp_path, single_process, sha
     events = probed(tmp_path)
     exits = sorted((e["rank"], e["LOCAL_RANK"], e["LOCAL_WORLD_SIZE"], e["threads"]) for e in events
                    if e["event"] == "exit")  # fmt: skip
-    assert exits == [("0", "0", "1", CORES), ("1", "0", "1", CORES)]  # one process per node
+    assert [e[:3] for e in exits] == [("0", "0", "1"), ("1", "0", "1")]  # one process per node
+    assert exits[0][3] == int(threads[1]) and 1 <= exits[1][3] <= CORES
     assert_one_writer_and_one_run(shared, single, events, world_size=2)
 
 

@@ -11,7 +11,9 @@ import importlib
 import os
 import re
 import time
-from collections.abc import MutableMapping
+import warnings
+from collections.abc import Iterator, MutableMapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -135,6 +137,17 @@ def threads_per_process(
     if env.get("SLURM_CPUS_PER_TASK", "").isdigit() and int(env["SLURM_CPUS_PER_TASK"]) > 0:
         threads = min(threads, int(env["SLURM_CPUS_PER_TASK"]))
     return threads
+
+
+@contextmanager
+def threads_kept(threads: int) -> Iterator[None]:
+    """Around starting Accelerate: on CPUs with several processes it sets torch's threads to the physical
+    cores over the node's processes (ignoring the CPU affinity, SLURM_CPUS_PER_TASK and other work) and warns
+    that OMP_NUM_THREADS is unset; its warning is silenced and ``threads`` set again on leaving."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="OMP_NUM_THREADS/MKL_NUM_THREADS unset")
+        yield
+    torch.set_num_threads(threads)
 
 
 def device_backend(requested: str | None = None) -> tuple[str, str | None]:

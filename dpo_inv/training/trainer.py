@@ -41,7 +41,7 @@ from dpo_inv.training.checkpoints import (
 )
 from dpo_inv.training.config import DPOConfig
 from dpo_inv.training.evaluation import describe, eval_structures, run_evaluation, update_best
-from dpo_inv.training.launch import device_backend, say, setup_environment, threads_per_process
+from dpo_inv.training.launch import device_backend, say, setup_environment, threads_kept, threads_per_process
 from dpo_inv.training.loading import RunData, load_data, precompute_reference, save_in_memory
 from dpo_inv.training.objective import Rows, add_rows, step_metrics, summarize
 from dpo_inv.training.output_lock import output_lock
@@ -57,21 +57,22 @@ def build_accelerator(config: DPOConfig, **options: Any) -> tuple[Accelerator, s
     torch.set_num_threads(threads)
     device_type, backend = device_backend(config.backend) if launch.world_size > 1 else (None, None)
     try:
-        accelerator = Accelerator(
-            cpu=device_type == "cpu",
-            gradient_accumulation_steps=config.gradient_accumulation_steps,
-            mixed_precision=config.mixed_precision,
-            dynamo_plugin=TorchDynamoPlugin(
-                backend=config.torch_compile_backend if config.torch_compile else "no",
-                mode=config.torch_compile_mode,
-                dynamic=True,  # batch size and length vary from batch to batch
-                use_regional_compilation=True,  # compile one encoder and one decoder layer, reuse them
-            ),
-            kwargs_handlers=[
-                InitProcessGroupKwargs(backend=backend, timeout=timedelta(seconds=config.ddp_timeout))
-            ],
-            **options,
-        )
+        with threads_kept(threads):
+            accelerator = Accelerator(
+                cpu=device_type == "cpu",
+                gradient_accumulation_steps=config.gradient_accumulation_steps,
+                mixed_precision=config.mixed_precision,
+                dynamo_plugin=TorchDynamoPlugin(
+                    backend=config.torch_compile_backend if config.torch_compile else "no",
+                    mode=config.torch_compile_mode,
+                    dynamic=True,  # batch size and length vary from batch to batch
+                    use_regional_compilation=True,  # compile one encoder and one decoder layer, reuse them
+                ),
+                kwargs_handlers=[
+                    InitProcessGroupKwargs(backend=backend, timeout=timedelta(seconds=config.ddp_timeout))
+                ],
+                **options,
+            )
     except torch.distributed.DistError as err:
         raise ConnectionError(
             f"rank {launch.rank} of {launch.world_size} ({launch.launcher}) could not join the process "
