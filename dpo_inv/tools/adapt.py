@@ -440,9 +440,7 @@ def adapt_model(model: ProteinMPNN, data: Data, config: AdaptOptions) -> tuple[P
     ship as ``output_dir/final`` and write ``output_dir/adapt.json``; returns that model and that report."""
     start_time = time.time()
     check_options(config)
-    threads = threads_per_process(setup_environment().local_world_size)
-    torch.set_num_threads(threads)
-    with threads_kept(threads):
+    with threads_kept(threads_per_process(setup_environment().local_world_size)):
         state = PartialState()
     device = resolve_device(config.device) if config.device or state.num_processes == 1 else state.device
     given = config.given_structure(data)

@@ -141,9 +141,11 @@ def threads_per_process(
 
 @contextmanager
 def threads_kept(threads: int) -> Iterator[None]:
-    """Around starting Accelerate: on CPUs with several processes it sets torch's threads to the physical
-    cores over the node's processes (ignoring the CPU affinity, SLURM_CPUS_PER_TASK and other work) and warns
-    that OMP_NUM_THREADS is unset; its warning is silenced and ``threads`` set again on leaving."""
+    """Set torch's ``threads`` around starting Accelerate, and again on leaving: on CPUs with several
+    processes Accelerate sets them to the physical cores over the node's processes (ignoring the CPU
+    affinity, SLURM_CPUS_PER_TASK and other work) and warns that OMP_NUM_THREADS is unset; its warning is
+    silenced."""
+    torch.set_num_threads(threads)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="OMP_NUM_THREADS/MKL_NUM_THREADS unset")
         yield

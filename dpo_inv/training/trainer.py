@@ -54,7 +54,6 @@ def build_accelerator(config: DPOConfig, **options: Any) -> tuple[Accelerator, s
     description of the set-up; `options` go to the Accelerator (trackers, project folder)."""
     launch = setup_environment()
     threads = threads_per_process(launch.local_world_size)
-    torch.set_num_threads(threads)
     device_type, backend = device_backend(config.backend) if launch.world_size > 1 else (None, None)
     try:
         with threads_kept(threads):
