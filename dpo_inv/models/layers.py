@@ -31,11 +31,13 @@ class DecoderStates:
 def gather_nodes(nodes: Tensor, index: Tensor) -> Tensor:
     """Node features ``[B, L, *C]`` at positions ``[B, *I]`` (e.g. neighbours ``[B, L, K]``): ``[B, *I, *C]``.
 
-    ``out[b, ...] = nodes[b, index[b, ...]]``.
+    ``out[b, ...] = nodes[b, index[b, ...]]``: whole rows selected, which is several times faster than an
+    element-wise gather, forward (a copy of rows) and backward (``index_add_``).
     """
-    flat = nodes.reshape(*nodes.shape[:2], -1)
-    expanded = index.reshape(index.shape[0], -1, 1).expand(-1, -1, flat.shape[-1])
-    return flat.gather(1, expanded).view(*index.shape, *nodes.shape[2:])
+    B, L = nodes.shape[:2]
+    offset = torch.arange(0, B * L, L, device=index.device).view(B, *[1] * (index.dim() - 1))
+    rows = nodes.reshape(B * L, -1).index_select(0, (index + offset).flatten())
+    return rows.view(*index.shape, *nodes.shape[2:])
 
 
 def gather_sample_nodes(nodes: Tensor, index: Tensor) -> Tensor:
@@ -71,6 +73,22 @@ def causal_neighbor_mask(ranks: Tensor, E_idx: Tensor) -> Tensor:
     return gather_nodes(ranks, E_idx) < ranks.unsqueeze(2)
 
 
+def dropout(x: Tensor, p: float, training: bool) -> Tensor:
+    """Dropout whose mask is drawn as 31-bit integers (the drop probability exact to 5e-10) from torch's
+    generator: on a CPU about twice as fast as ``F.dropout``'s ``bernoulli_``, and as repeatable."""
+    if not training or p == 0.0:
+        return x
+    keep = torch.empty(x.shape, dtype=torch.int32, device=x.device).random_() >= round(p * 2**31)
+    return x * keep * (1.0 / (1.0 - p)) if p < 1.0 else x * 0.0
+
+
+class Dropout(nn.Dropout):
+    """``nn.Dropout`` with the mask of :func:`dropout`."""
+
+    def forward(self, input: Tensor) -> Tensor:
+        return dropout(input, self.p, self.training)
+
+
 class PositionWiseFeedForward(nn.Module):
     """Two-layer GELU MLP."""
 
@@ -91,8 +109,8 @@ class NodeLayer(nn.Module):
     def __init__(self, num_hidden: int, num_in: int, dropout: float = 0.1, scale: float = 30.0) -> None:
         super().__init__()
         self.scale = scale
-        self.dropout1 = nn.Dropout(dropout)
-        self.dropout2 = nn.Dropout(dropout)
+        self.dropout1 = Dropout(dropout)
+        self.dropout2 = Dropout(dropout)
         self.norm1 = nn.LayerNorm(num_hidden)
         self.norm2 = nn.LayerNorm(num_hidden)
         self.W1 = nn.Linear(num_hidden + num_in, num_hidden, bias=True)
@@ -124,9 +142,9 @@ class EncLayer(nn.Module):
     def __init__(self, num_hidden: int, num_in: int, dropout: float = 0.1, scale: float = 30.0) -> None:
         super().__init__()  # parameters registered in the official order, which exports keep
         self.scale = scale
-        self.dropout1 = nn.Dropout(dropout)
-        self.dropout2 = nn.Dropout(dropout)
-        self.dropout3 = nn.Dropout(dropout)
+        self.dropout1 = Dropout(dropout)
+        self.dropout2 = Dropout(dropout)
+        self.dropout3 = Dropout(dropout)
         self.norm1 = nn.LayerNorm(num_hidden)
         self.norm2 = nn.LayerNorm(num_hidden)
         self.norm3 = nn.LayerNorm(num_hidden)

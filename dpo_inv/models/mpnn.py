@@ -26,6 +26,7 @@ from dpo_inv.models.layers import (
     EncLayer,
     Encoding,
     causal_neighbor_mask,
+    dropout,
     gather_neighbors,
 )
 
@@ -222,7 +223,7 @@ class ProteinMPNN(PreTrainedModel):
         ):
             Y_nodes = atom_layer(Y_nodes, Y_edges, Y_m, Y_m_edges, edge_projection=self.W_edges_y)
             h_V_C = residue_layer(h_V_C, torch.cat((h_E_context, Y_nodes), -1), mask, Y_m)
-        h_V_C = F.dropout(self.V_C(h_V_C), self.config.dropout, self.training)
+        h_V_C = dropout(self.V_C(h_V_C), self.config.dropout, self.training)
         return self.V_C_norm(h_V_C)
 
     def decode(self, enc: Encoding, S: Tensor, ranks: Tensor, positions: Tensor | None = None) -> Tensor:

@@ -53,7 +53,13 @@ from dpo_inv.tools.ridge import (
     fit_ridge_cv,
     model_fingerprint,
 )
-from dpo_inv.training.launch import resolve_device, setup_environment, threads_kept, threads_per_process
+from dpo_inv.training.launch import (
+    resolve_device,
+    reuse_freed_memory,
+    setup_environment,
+    threads_kept,
+    threads_per_process,
+)
 from dpo_inv.training.loss import PairLogps, dpo_loss
 
 MAX_PAIRS = 200_000  # pairs per structure used by a training step; more are subsampled once, seeded
@@ -440,6 +446,7 @@ def adapt_model(model: ProteinMPNN, data: Data, config: AdaptOptions) -> tuple[P
     ship as ``output_dir/final`` and write ``output_dir/adapt.json``; returns that model and that report."""
     start_time = time.time()
     check_options(config)
+    reuse_freed_memory()
     with threads_kept(threads_per_process(setup_environment().local_world_size)):
         state = PartialState()
     device = resolve_device(config.device) if config.device or state.num_processes == 1 else state.device

@@ -41,7 +41,14 @@ from dpo_inv.training.checkpoints import (
 )
 from dpo_inv.training.config import DPOConfig
 from dpo_inv.training.evaluation import describe, eval_structures, run_evaluation, update_best
-from dpo_inv.training.launch import device_backend, say, setup_environment, threads_kept, threads_per_process
+from dpo_inv.training.launch import (
+    device_backend,
+    reuse_freed_memory,
+    say,
+    setup_environment,
+    threads_kept,
+    threads_per_process,
+)
 from dpo_inv.training.loading import RunData, load_data, precompute_reference, save_in_memory
 from dpo_inv.training.objective import Rows, add_rows, step_metrics, summarize
 from dpo_inv.training.output_lock import output_lock
@@ -54,6 +61,7 @@ def build_accelerator(config: DPOConfig, **options: Any) -> tuple[Accelerator, s
     description of the set-up; `options` go to the Accelerator (trackers, project folder)."""
     launch = setup_environment()
     threads = threads_per_process(launch.local_world_size)
+    reuse_freed_memory()
     device_type, backend = device_backend(config.backend) if launch.world_size > 1 else (None, None)
     try:
         with threads_kept(threads):
