@@ -183,7 +183,8 @@ def campaign(method: str, seed: int, p: Problem, args: argparse.Namespace) -> li
             chosen, _, _ = choose_batch(p.variants[known], values[known], known_scores, p.variants[left],
                                         scores[left], p.parent, args.batch, rule, fit_seed=draw,
                                         draw_seed=draw, pairwise=method == "dpo_inv",
-                                        positional=method == "dpo_inv")  # fmt: skip
+                                        positional=method == "dpo_inv",
+                                        members=args.members if method == "dpo_inv" else 10)  # fmt: skip
             picked = left[chosen]
         measured += list(picked)
     return history
@@ -206,6 +207,9 @@ def main() -> None:
     )
     parser.add_argument("--acquisition", choices=("thompson", "ucb", "greedy"), default="thompson",
                         help="dpo_inv's batch rule.")  # fmt: skip
+    parser.add_argument(
+        "--members", type=int, default=10, help="dpo_inv's ensemble members (propose's --members)."
+    )
     parser.add_argument("--model", default="vanilla/v_48_020")
     parser.add_argument("--initial", type=int, default=96)
     parser.add_argument("--rounds", type=int, default=4)
