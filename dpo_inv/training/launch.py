@@ -157,7 +157,7 @@ def reuse_freed_memory() -> None:
     """Keep the memory torch frees in this process for its next tensors, as jemalloc and tcmalloc do (the
     allocators PyTorch's CPU performance guide recommends): glibc's malloc returns large blocks to the
     system and takes them back page by page, so that each CPU training step maps and zeroes the activations
-    of the step before afresh (70,000 page faults a step for SFT on four chains; see docs/sft.md). The
+    of the step before afresh (77,000 page faults a step for SFT on four chains; see docs/sft.md). The
     process keeps its peak memory until it ends. Nothing where the C library is not glibc."""
     try:
         mallopt = ctypes.CDLL("libc.so.6").mallopt
