@@ -18,8 +18,8 @@ quarter the zero-shot model's best; `zero_shot_top`: only its best), then `--rou
 Methods, in the same runs:
 
 - dpo_inv: what `dpo-inv propose` does — adapt the model to the measurements (on scans; `--adapt` on a
-  landscape too), then the ensemble ridge on one-hot, mutated-position, pair and model-score features
-  (zero-shot, and the adapted model's: cross-fitted on the measured variants), Thompson sampling;
+  landscape too), then the ensemble ridge on one-hot, mutated-position, nearness, pair and model-score
+  features (zero-shot, and the adapted model's: cross-fitted on the measured variants), Thompson sampling;
 - augmented_ridge: the same ensemble and batch rule on one-hot and zero-shot features (MLDE-style);
 - greedy_zero_shot: the zero-shot joint score's best not yet measured;
 - random.
@@ -48,10 +48,10 @@ from dpo_inv.data.records import read_records
 from dpo_inv.models.mpnn import ProteinMPNN
 from dpo_inv.models.weights import load_model
 from dpo_inv.structures.parse import ALPHABET
-from dpo_inv.tools.acquisition import choose_batch, top_batch, zero_shot_batch
+from dpo_inv.tools.acquisition import choose_batch, nearness, top_batch, zero_shot_batch
 from dpo_inv.tools.adapt import AdaptOptions, VariantSet, choose_and_train, variant_set
 from dpo_inv.tools.design_space import read_design_space
-from dpo_inv.tools.propose import measured_variants, zero_shot
+from dpo_inv.tools.propose import example_ca, measured_variants, zero_shot
 
 METHODS = ("dpo_inv", "augmented_ridge", "greedy_zero_shot", "random")
 CPU = torch.device("cpu")
@@ -70,6 +70,7 @@ class Problem:
     train_set: Callable[[np.ndarray], VariantSet] | None  # the measured rows' set (None: no adapting)
     predict: Callable[[ProteinMPNN], np.ndarray]  # every variant's delta_logp under a model
     fraction: str  # "ratio" (best found / the best there is) or "rank" (the share no better than it)
+    near: np.ndarray  # [L, L] nearness of the residues in space (`acquisition.nearness`)
 
 
 def problem(name: str, structure: str, chain: str, rows: list, model: ProteinMPNN, adapt: bool,
@@ -95,8 +96,9 @@ def problem(name: str, structure: str, chain: str, rows: list, model: ProteinMPN
     def train_set(rows: np.ndarray) -> VariantSet:
         return variant_set(model, batch, variants[rows], values[rows], None)
 
+    near = nearness(example_ca(example, len(space.parent)))
     return Problem(name, variants, values, scores, space.parent, model, train_set if adapt else None, predict,
-                   fraction)  # fmt: skip
+                   fraction, near)  # fmt: skip
 
 
 def landscape_problem(folder: Path, model: ProteinMPNN, adapt: bool) -> Problem:
@@ -184,6 +186,7 @@ def campaign(method: str, seed: int, p: Problem, args: argparse.Namespace) -> li
                                         scores[left], p.parent, args.batch, rule, fit_seed=draw,
                                         draw_seed=draw, pairwise=method == "dpo_inv",
                                         positional=method == "dpo_inv",
+                                        near=p.near if method == "dpo_inv" else None,
                                         members=args.members if method == "dpo_inv" else 10)  # fmt: skip
             picked = left[chosen]
         measured += list(picked)

@@ -18,8 +18,11 @@ from dpo_inv.data.dataset import VARIANTS, load_records
 from dpo_inv.models.combinations import Slots, joint_deltas, joint_plan, joint_slots, rotations, slot_head
 from dpo_inv.models.variants import conditional_deltas, spearman
 from dpo_inv.models.weights import load_model
-from dpo_inv.tools.acquisition import zero_shot_batch
+from dpo_inv.structures.parse import ALPHABET
+from dpo_inv.tools.acquisition import choose_batch, nearness, zero_shot_batch
 from dpo_inv.tools.adapt import AdaptOptions, train_head, variant_set
+from dpo_inv.tools.design_space import read_design_space
+from dpo_inv.tools.propose import example_ca
 
 STRUCTURE = EXAMPLE / "adapt" / "2jws_A_7-54.pdb.gz"
 LABELLED = EXAMPLE / "adapt" / "labelled.jsonl"
@@ -184,11 +187,25 @@ def test_a_campaign_round_after_round_on_measured_stability(tmp_path):
     )
     result = propose("--campaign", str(campaign))
     assert result.returncode == 0, result.stderr
-    assert json.loads(result.stdout.splitlines()[-1])["measured"] == 96 + 8 + 1
+    summary = json.loads(result.stdout.splitlines()[-1])
+    assert summary["measured"] == 96 + 8 + 1
     second = [
         line.split(",")[1] for line in (campaign / "round_2" / "proposals.csv").read_text().splitlines()
     ]
     assert len(second) == 9 and not set(second[1:]) & (measured | set(proposed))
+    # how round 1's predictions held up: its 8 measured proposals (the control is no proposal)
+    predicted = [float(line.split(",")[3]) for line in lines[1:]]
+    last = summary["last_round"]
+    assert last["round"] == 1 and last["measured"] == 9 and last["best"] == 0.0
+    assert last["spearman_predicted"] == pytest.approx(
+        spearman(np.array(predicted), -0.1 * np.arange(8)), abs=1e-3
+    )
+    picture = campaign / "campaign.png"
+    assert summary["picture"] == str(picture) and picture.read_bytes()[:4] == b"\x89PNG"
+    picture.unlink()
+    drawn = subprocess.run([sys.executable, "-m", "dpo_inv", "plot", str(campaign)], capture_output=True,
+                           text=True, cwd=ROOT)  # fmt: skip
+    assert drawn.returncode == 0 and drawn.stdout.strip() == str(picture) and picture.exists(), drawn.stderr
 
 
 @pytest.mark.parametrize(
@@ -232,6 +249,33 @@ def test_propose_from_python_with_a_model_object(tmp_path, model):
     scores = [float(line.split(",")[5]) for line in lines[1:]]
     assert scores == sorted(scores, reverse=True)
     assert json.loads((tmp_path / "c" / "campaign.json").read_text())["max_mutations"] == 2
+
+
+def test_nearness_carries_a_measured_region_to_positions_never_measured():
+    """Singles within 8 Å (Cα) of residue 30 of a real domain are worth 1, the rest 0. Measured: every
+    substitution to A at 24 positions. Only with the nearness features does the predictor rank the
+    unmeasured positions by their distance to the region (the one-hot and mutated-position features know
+    nothing of a position never measured)."""
+    space, example = read_design_space(str(STRUCTURE), ["A"])
+    ca = example_ca(example, len(space.parent))
+    distance = np.linalg.norm(ca - ca[30], axis=1)
+    near = nearness(ca)
+    assert near.shape == (len(ca), len(ca)) and np.all(np.diag(near) == 0)
+    assert near[30, 31] == pytest.approx(np.exp(-(distance[31] ** 2) / 200), rel=1e-9)
+    parent = space.parent
+    alanine = ALPHABET.index("A")
+    positions = [p for p in range(len(parent)) if parent[p] != alanine]
+    variants = np.repeat(parent[None, :], len(positions), axis=0)
+    variants[np.arange(len(positions)), positions] = alanine
+    values = (distance[positions] < 8).astype(float)
+    measured = np.random.default_rng(0).permutation(len(positions))[:24]
+    left = np.setdiff1d(np.arange(len(positions)), measured)
+    zero = np.zeros(len(positions))
+    for where, better in ((near, True), (None, False)):
+        _, mean, _ = choose_batch(variants[measured], values[measured], zero[measured], variants[left],
+                                  zero[left], parent, 4, "greedy", near=where)  # fmt: skip
+        rho = spearman(mean, -distance[np.array(positions)[left]])
+        assert (rho > 0.5) if better else (np.isnan(rho) or abs(rho) < 0.3), rho
 
 
 def test_a_first_batch_covers_the_residues_the_zero_shot_best_leaves_out():
@@ -315,6 +359,8 @@ def test_rounds_measured_by_a_function_from_python_and_the_shell(tmp_path, model
         assert [float(line.split(",")[1]) for line in measured] == [labels[m] for m in mutations]
         proposed += mutations
     assert len(set(proposed)) == 24 and not set(proposed) & {r["mutation"] for r in rows[:24]}
+    picture = tmp_path / "c" / "campaign.png"  # drawn again once the last round is measured
+    assert picture.stat().st_mtime >= (tmp_path / "c" / "round_3" / "measurements.csv").stat().st_mtime
     (tmp_path / "oracle.py").write_text(
         "import json\n"
         f"STABILITY = json.load(open({str(tmp_path / 'stability.json')!r}))\n"

@@ -1,9 +1,11 @@
 """What to measure next: an ensemble predictor of the measured value and the rule that picks a batch.
 
 The predictor is ridge regression on the residues at the positions a campaign varies (one-hot), whether each
-is mutated (what the single mutants at one position share), their pairs (one-hot of each pair of positions:
-the epistasis a four-site library is made of) and model scores as unpenalised features (the zero-shot score,
-and an adapted model's); `members` fits on bootstrap resamples of the measurements give a mean and a spread.
+is mutated (what the single mutants at one position share), how near in space each mutation lies to each of
+those positions (what mutations in one region of the structure share), their pairs (one-hot of each pair of
+positions: the epistasis a four-site library is made of) and model scores as unpenalised features (the
+zero-shot score, and an adapted model's); `members` fits on bootstrap resamples of the measurements give a
+mean and a spread.
 The batch is the B candidates not yet measured with the highest draw: Thompson sampling (each candidate's
 value drawn from one member), UCB (mean + spread) or greedy (mean). Before there is anything to fit on, the
 batch is the zero-shot score's: three quarters covering the residues of the space, a quarter its best
@@ -22,6 +24,24 @@ from dpo_inv.tools.ridge import fit_ridge, fit_ridge_cv
 
 Acquisition = Literal["thompson", "ucb", "greedy"]
 MAX_PAIR_POSITIONS = 12  # pair features only where the measured variants vary at most this many positions
+NEAR_ANGSTROM = 10.0  # a mutation's weight on a position d Å away (Cα to Cα): exp(-d² / (2 · 10²))
+
+
+def nearness(ca: np.ndarray) -> np.ndarray:
+    """``[L, L]``: how near each residue is to each other, exp(-d² / 2σ²) between Cα atoms (``ca [L, 3]``;
+    NaN where unobserved: weight 0), 0 from a residue to itself."""
+    distance = np.linalg.norm(ca[:, None, :] - ca[None, :, :], axis=-1)
+    near = np.nan_to_num(np.exp(-(distance**2) / (2 * NEAR_ANGSTROM**2)))
+    np.fill_diagonal(near, 0.0)
+    return near
+
+
+def near_features(variants: np.ndarray, parent: np.ndarray, near: np.ndarray) -> np.ndarray:
+    """``[R, M]``: per variant, the sum over its mutations of their nearness (``near [L, M]``) to M
+    positions."""
+    changed = variants != parent[None, :]
+    positions = np.flatnonzero(changed.any(0))
+    return changed[:, positions].astype(np.float64) @ near[positions]
 
 
 @dataclass(frozen=True)
@@ -67,36 +87,42 @@ class VariantColumns:
 
 @dataclass(frozen=True)
 class Ensemble:
-    """Ridge models fitted on bootstrap resamples: ``weights [E, F + S]`` (the S model scores' last) and
-    ``intercepts [E]``."""
+    """Ridge models fitted on bootstrap resamples: ``weights [E, F + M + S]`` (the one-hot columns, the
+    nearness to the M varied positions, the S model scores) and ``intercepts [E]``."""
 
     columns_of: VariantColumns
     weights: np.ndarray
     intercepts: np.ndarray
     score_scales: np.ndarray  # [S]
+    parent: np.ndarray  # [L]
+    near: np.ndarray  # [L, M]: nearness of each residue to the M varied positions (M = 0: none)
 
     def predict(self, variants: np.ndarray, scores: np.ndarray) -> np.ndarray:
         """``[E, R]``: each member's prediction for each variant (``scores [R, S]``)."""
         columns = self.columns_of.columns(variants)
-        S = len(self.score_scales)
+        near = near_features(variants, self.parent, self.near)
+        F, M = self.columns_of.num_features, self.near.shape[1]
         out = np.empty((len(self.weights), len(variants)))
         for e, (weights, intercept) in enumerate(zip(self.weights, self.intercepts, strict=True)):
-            table = np.append(weights[:-S], 0.0)  # the placeholder column weighs nothing
-            out[e] = table[columns].sum(1) + scores / self.score_scales @ weights[-S:] + intercept
+            table = np.append(weights[:F], 0.0)  # the placeholder column weighs nothing
+            out[e] = table[columns].sum(1) + near @ weights[F : F + M]
+            out[e] += scores / self.score_scales @ weights[F + M :] + intercept
         return out
 
 
 def fit_ensemble(variants: np.ndarray, values: np.ndarray, scores: np.ndarray, parent: np.ndarray,
-                 members: int = 10, seed: int = 0, pairwise: bool = True,
-                 positional: bool = True) -> Ensemble:  # fmt: skip
+                 members: int = 10, seed: int = 0, pairwise: bool = True, positional: bool = True,
+                 near: np.ndarray | None = None) -> Ensemble:  # fmt: skip
     """Fit the ensemble on measured ``variants [N, L]`` with ``values [N]`` (higher = better) and their
-    model scores ``[N, S]`` (unpenalised); the penalty is chosen once by cross-validation on all of them."""
+    model scores ``[N, S]`` (unpenalised), with nearness features where ``near [L, L]`` (`nearness`) is
+    given; the penalty is chosen once by cross-validation on all of them."""
     varied = np.flatnonzero((variants != parent[None, :]).any(0))
     pairwise = pairwise and 1 < len(varied) <= MAX_PAIR_POSITIONS
     columns_of = VariantColumns(varied, parent[varied], pairwise, positional)
+    near = np.zeros((len(parent), 0)) if near is None else near[:, varied]
     scales = np.std(scores, axis=0)
     scales[scales == 0] = 1.0
-    features = np.hstack([columns_of.dense(variants), scores / scales])
+    features = np.hstack([columns_of.dense(variants), near_features(variants, parent, near), scores / scales])
     alpha = fit_ridge_cv(features, values, scores.shape[1], seed).alpha
     rng = np.random.default_rng(seed)
     weights, intercepts = [], []
@@ -105,7 +131,7 @@ def fit_ensemble(variants: np.ndarray, values: np.ndarray, scores: np.ndarray, p
         ridge = fit_ridge(features[rows], values[rows], alpha, scores.shape[1])
         weights.append(ridge.weights)
         intercepts.append(ridge.intercept)
-    return Ensemble(columns_of, np.array(weights), np.array(intercepts), scales)
+    return Ensemble(columns_of, np.array(weights), np.array(intercepts), scales, parent, near)
 
 
 def acquisition_values(predictions: np.ndarray, rule: Acquisition, seed: int = 0) -> np.ndarray:
@@ -146,15 +172,15 @@ def choose_batch(measured: np.ndarray, values: np.ndarray, measured_scores: np.n
                  candidates: np.ndarray, candidate_scores: np.ndarray, parent: np.ndarray, batch: int,
                  rule: Acquisition,
                  members: int = 10, fit_seed: int = 0, draw_seed: int = 0,
-                 pairwise: bool = True,
-                 positional: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # fmt: skip
+                 pairwise: bool = True, positional: bool = True,
+                 near: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # fmt: skip
     """The batch of ``candidates`` (indices, best first) that ``rule`` picks from the ensemble fitted on the
     measured variants, and the ensemble's mean and spread for every candidate; the model scores are
-    ``[N]`` or ``[N, S]`` (several models)."""
+    ``[N]`` or ``[N, S]`` (several models); ``near``: `nearness` of the residues, for its features."""
     measured_scores = measured_scores.reshape(len(measured), -1)
     candidate_scores = candidate_scores.reshape(len(candidates), -1)
     ensemble = fit_ensemble(
-        measured, values, measured_scores, parent, members, fit_seed, pairwise, positional
+        measured, values, measured_scores, parent, members, fit_seed, pairwise, positional, near
     )
     predictions = ensemble.predict(candidates, candidate_scores)
     picked = top_batch(acquisition_values(predictions, rule, draw_seed), batch)

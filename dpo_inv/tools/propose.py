@@ -14,6 +14,7 @@ from __future__ import annotations
 import csv
 import json
 import shutil
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -32,8 +33,9 @@ from dpo_inv.models.sampling import sample_sequences
 from dpo_inv.models.variants import conditional_log_probs, round_metric
 from dpo_inv.models.weights import as_model
 from dpo_inv.structures.parse import ALPHABET, AMINO_ACIDS, tokenize
-from dpo_inv.tools.acquisition import choose_batch, zero_shot_batch
+from dpo_inv.tools.acquisition import choose_batch, nearness, zero_shot_batch
 from dpo_inv.tools.adapt import Adapted, AdaptOptions, choose_and_train, variant_set
+from dpo_inv.tools.campaign_plot import RoundOutcome, plot_campaign
 from dpo_inv.tools.design_space import MAX_CANDIDATES, DesignSpace, read_design_space
 from dpo_inv.tools.reward_fn import RewardFunction, compute_rewards
 from dpo_inv.tools.sample import prepare_design
@@ -207,6 +209,52 @@ def read_campaign_measurements(folder: Path, config: ProposeConfig) -> list[Meas
     return rows
 
 
+def round_outcomes(folder: Path, config: ProposeConfig, space: DesignSpace) -> list[RoundOutcome]:
+    """Each measured round's values and, for its proposals that were measured, what was predicted."""
+    outcomes = []
+    for n in rounds_of(folder):
+        path = folder / f"round_{n}" / "measurements.csv"
+        if not path.exists():
+            continue
+        measured = {_key(variant_tokens(space, row)): row.value
+                    for row in read_measurements(path, config.value_field)}  # fmt: skip
+        proposals = folder / f"round_{n}" / "proposals.csv"
+        rows = list(csv.DictReader(proposals.open())) if proposals.exists() else []
+        rows = [row for row in rows if _key(tokenize(row["sequence"])) in measured]
+
+        def column(name: str, rows: list[dict[str, str]] = rows) -> np.ndarray:
+            return np.array([float(row[name]) if row[name] else np.nan for row in rows])
+
+        values = np.array([measured[_key(tokenize(row["sequence"]))] for row in rows])
+        every = np.array(list(measured.values()))
+        outcomes.append(RoundOutcome(n, every, column("predicted"), column("uncertainty"),
+                                     column("zero_shot_delta_logp"), values))  # fmt: skip
+    return outcomes
+
+
+def draw_campaign(folder: Path, config: ProposeConfig, outcomes: list[RoundOutcome]) -> Path:
+    """`campaign.png` in the campaign folder (matplotlib's ImportError where it is not installed)."""
+    path = folder / "campaign.png"
+    title = f"{folder.name}: {Path(config.structure or '').name} {config.positions}".strip()
+    plot_campaign(path, outcomes, config.lower_is_better, title)
+    return path
+
+
+def plot_campaign_folder(folder: str | Path) -> Path:
+    """Draw `campaign.png` of the campaign in ``folder`` (what `python -m dpo_inv plot DIR` does there)."""
+    config = settle_campaign(ProposeConfig(campaign=str(folder)))
+    space, _ = read_design_space(config.structure, config.chain_id, config.positions, config.allowed_aas,
+                                 config.max_mutations, config.parent)  # fmt: skip
+    return draw_campaign(Path(folder), config, round_outcomes(Path(folder), config, space))
+
+
+def example_ca(example: dict[str, Any], length: int) -> np.ndarray:
+    """``[length, 3]`` Cα coordinates of the designed chains' residues (NaN where unobserved)."""
+    ca = np.asarray(example["X"], dtype=np.float64)[:length, 1].copy()
+    ca[np.asarray(example["mask"])[:length] == 0] = np.nan
+    return ca
+
+
 def sampled(space: DesignSpace, config: ProposeConfig) -> bool:
     """Whether a round's candidates are drawn from the model: no candidates file, a space too large."""
     return config.candidates is None and space.size() > MAX_CANDIDATES
@@ -370,9 +418,10 @@ def propose_round(config: ProposeConfig, model: ProteinMPNN | None = None) -> di
     candidate_scores, measured_scores = scores[: len(candidates)], scores[len(candidates) :]
     if len(measured) >= MIN_MEASURED and np.ptp(values) > 0:
         draw_seed = config.seed + len(measured)
+        near = nearness(example_ca(example, len(space.parent)))
         picked, mean, spread = choose_batch(measured, values, measured_scores, candidates, candidate_scores,
                                             space.parent, config.batch_size, config.acquisition,
-                                            config.members, config.seed, draw_seed)  # fmt: skip
+                                            config.members, config.seed, draw_seed, near=near)  # fmt: skip
         rules = [config.acquisition] * len(picked)
         why = f"{config.acquisition} on the ensemble of {config.members} ({len(measured)} measured"
         why += f"; model {adapted.decision})" if adapted else ")"
@@ -404,10 +453,22 @@ def propose_round(config: ProposeConfig, model: ProteinMPNN | None = None) -> di
         if adapted.decision == "adapted":
             adapted.model.save_pretrained(staging / "model")
     staging.replace(out)
-    return {"round": n, "measured": len(measured), "candidates": len(candidates), "proposed": len(picked),
-            "picked_by": why, "proposals": str(out / "proposals.csv"), "fasta": str(out / "proposals.fasta"),
-            "best_measured": None if not len(values) else float(sign * values.max()),
-            "seconds": round(time.time() - start, 1)}  # fmt: skip
+    summary = {"round": n, "measured": len(measured), "candidates": len(candidates), "proposed": len(picked),
+               "picked_by": why, "proposals": str(out / "proposals.csv"),
+               "fasta": str(out / "proposals.fasta"),
+               "best_measured": None if not len(values) else float(sign * values.max())}  # fmt: skip
+    outcomes = round_outcomes(folder, config, space)
+    if outcomes:
+        summary["last_round"] = outcomes[-1].summary(config.lower_is_better)
+        try:
+            summary["picture"] = str(draw_campaign(folder, config, outcomes))
+        except ImportError:
+            print("propose: campaign.png needs matplotlib: pip install matplotlib", file=sys.stderr)
+    return summary | {"seconds": round(time.time() - start, 1)}
+
+
+def _key(tokens: np.ndarray) -> bytes:
+    return tokens.astype(np.int64).tobytes()
 
 
 def _keys(variants: np.ndarray) -> np.ndarray:
@@ -421,8 +482,8 @@ def _number(value: float) -> str:
 def run_campaign(config: ProposeConfig, model: ProteinMPNN | None = None,
                  reward: RewardFunction | None = None) -> list[dict[str, Any]]:  # fmt: skip
     """`config.rounds` rounds; with a reward (``reward``, ``config.reward`` or ``config.reward_command``)
-    each round's proposals are measured by it into `round_N/measurements.csv` before the next. Returns
-    the rounds' summaries."""
+    each round's proposals are measured by it into `round_N/measurements.csv` before the next, and
+    `campaign.png` drawn with the last. Returns the rounds' summaries."""
     measured = reward or config.reward or config.reward_command
     if config.rounds > 1 and not measured:
         raise ValueError(f"--rounds {config.rounds}: give --reward or --reward_command to measure each round")
@@ -435,6 +496,8 @@ def run_campaign(config: ProposeConfig, model: ProteinMPNN | None = None,
                 getattr(reward, "__name__", None) or config.reward or config.reward_command
             )
         summaries.append(summary)
+    if measured and "picture" in summaries[-1]:  # the last round's measurements drawn too
+        plot_campaign_folder(config.campaign)
     return summaries
 
 
