@@ -48,7 +48,7 @@ from dpo_inv.data.records import read_records
 from dpo_inv.models.mpnn import ProteinMPNN
 from dpo_inv.models.weights import load_model
 from dpo_inv.structures.parse import ALPHABET
-from dpo_inv.tools.acquisition import choose_batch, nearness, top_batch, zero_shot_batch
+from dpo_inv.tools.acquisition import choose_batch, top_batch, zero_shot_batch
 from dpo_inv.tools.adapt import AdaptOptions, VariantSet, choose_and_train, variant_set
 from dpo_inv.tools.design_space import read_design_space
 from dpo_inv.tools.propose import example_ca, measured_variants, zero_shot
@@ -70,7 +70,7 @@ class Problem:
     train_set: Callable[[np.ndarray], VariantSet] | None  # the measured rows' set (None: no adapting)
     predict: Callable[[ProteinMPNN], np.ndarray]  # every variant's delta_logp under a model
     fraction: str  # "ratio" (best found / the best there is) or "rank" (the share no better than it)
-    near: np.ndarray  # [L, L] nearness of the residues in space (`acquisition.nearness`)
+    ca: np.ndarray  # [L, 3] the residues' Cα coordinates (nearness features)
 
 
 def problem(name: str, structure: str, chain: str, rows: list, model: ProteinMPNN, adapt: bool,
@@ -96,9 +96,9 @@ def problem(name: str, structure: str, chain: str, rows: list, model: ProteinMPN
     def train_set(rows: np.ndarray) -> VariantSet:
         return variant_set(model, batch, variants[rows], values[rows], None)
 
-    near = nearness(example_ca(example, len(space.parent)))
+    ca = example_ca(example, len(space.parent))
     return Problem(name, variants, values, scores, space.parent, model, train_set if adapt else None, predict,
-                   fraction, near)  # fmt: skip
+                   fraction, ca)  # fmt: skip
 
 
 def landscape_problem(folder: Path, model: ProteinMPNN, adapt: bool) -> Problem:
@@ -186,7 +186,7 @@ def campaign(method: str, seed: int, p: Problem, args: argparse.Namespace) -> li
                                         scores[left], p.parent, args.batch, rule, fit_seed=draw,
                                         draw_seed=draw, pairwise=method == "dpo_inv",
                                         positional=method == "dpo_inv",
-                                        near=p.near if method == "dpo_inv" else None,
+                                        ca=p.ca if method == "dpo_inv" else None,
                                         members=args.members if method == "dpo_inv" else 10)  # fmt: skip
             picked = left[chosen]
         measured += list(picked)

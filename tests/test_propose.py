@@ -259,9 +259,9 @@ def test_nearness_carries_a_measured_region_to_positions_never_measured():
     space, example = read_design_space(str(STRUCTURE), ["A"])
     ca = example_ca(example, len(space.parent))
     distance = np.linalg.norm(ca - ca[30], axis=1)
-    near = nearness(ca)
-    assert near.shape == (len(ca), len(ca)) and np.all(np.diag(near) == 0)
-    assert near[30, 31] == pytest.approx(np.exp(-(distance[31] ** 2) / 200), rel=1e-9)
+    near = nearness(ca, np.array([30, 40]))
+    assert near.shape == (len(ca), 2) and near[30, 0] == 0 and near[40, 1] == 0
+    assert near[31, 0] == pytest.approx(np.exp(-(distance[31] ** 2) / 200), rel=1e-9)
     parent = space.parent
     alanine = ALPHABET.index("A")
     positions = [p for p in range(len(parent)) if parent[p] != alanine]
@@ -271,9 +271,9 @@ def test_nearness_carries_a_measured_region_to_positions_never_measured():
     measured = np.random.default_rng(0).permutation(len(positions))[:24]
     left = np.setdiff1d(np.arange(len(positions)), measured)
     zero = np.zeros(len(positions))
-    for where, better in ((near, True), (None, False)):
+    for where, better in ((ca, True), (None, False)):
         _, mean, _ = choose_batch(variants[measured], values[measured], zero[measured], variants[left],
-                                  zero[left], parent, 4, "greedy", near=where)  # fmt: skip
+                                  zero[left], parent, 4, "greedy", ca=where)  # fmt: skip
         rho = spearman(mean, -distance[np.array(positions)[left]])
         assert (rho > 0.5) if better else (np.isnan(rho) or abs(rho) < 0.3), rho
 

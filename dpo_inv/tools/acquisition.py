@@ -24,24 +24,28 @@ from dpo_inv.tools.ridge import fit_ridge, fit_ridge_cv
 
 Acquisition = Literal["thompson", "ucb", "greedy"]
 MAX_PAIR_POSITIONS = 12  # pair features only where the measured variants vary at most this many positions
+ROWS_PER_CHUNK = 65_536  # candidates compared with the parent at a time (a [rows, L] mask)
 NEAR_ANGSTROM = 10.0  # a mutation's weight on a position d Å away (Cα to Cα): exp(-d² / (2 · 10²))
 
 
-def nearness(ca: np.ndarray) -> np.ndarray:
-    """``[L, L]``: how near each residue is to each other, exp(-d² / 2σ²) between Cα atoms (``ca [L, 3]``;
-    NaN where unobserved: weight 0), 0 from a residue to itself."""
-    distance = np.linalg.norm(ca[:, None, :] - ca[None, :, :], axis=-1)
+def nearness(ca: np.ndarray, positions: np.ndarray) -> np.ndarray:
+    """``[L, M]``: how near each residue is to each of ``positions``, exp(-d² / 2σ²) between Cα atoms
+    (``ca [L, 3]``; NaN where unobserved: weight 0), 0 from a position to itself."""
+    distance = np.linalg.norm(ca[:, None, :] - ca[None, positions, :], axis=-1)
     near = np.nan_to_num(np.exp(-(distance**2) / (2 * NEAR_ANGSTROM**2)))
-    np.fill_diagonal(near, 0.0)
+    near[positions, np.arange(len(positions))] = 0.0
     return near
 
 
 def near_features(variants: np.ndarray, parent: np.ndarray, near: np.ndarray) -> np.ndarray:
     """``[R, M]``: per variant, the sum over its mutations of their nearness (``near [L, M]``) to M
     positions."""
-    changed = variants != parent[None, :]
-    positions = np.flatnonzero(changed.any(0))
-    return changed[:, positions].astype(np.float64) @ near[positions]
+    out = np.zeros((len(variants), near.shape[1]))
+    for start in range(0, len(variants), ROWS_PER_CHUNK):  # a chunk's [rows, L] mask at a time
+        changed = variants[start : start + ROWS_PER_CHUNK] != parent[None, :]
+        positions = np.flatnonzero(changed.any(0))
+        out[start : start + ROWS_PER_CHUNK] = changed[:, positions].astype(np.float64) @ near[positions]
+    return out
 
 
 @dataclass(frozen=True)
@@ -112,14 +116,14 @@ class Ensemble:
 
 def fit_ensemble(variants: np.ndarray, values: np.ndarray, scores: np.ndarray, parent: np.ndarray,
                  members: int = 10, seed: int = 0, pairwise: bool = True, positional: bool = True,
-                 near: np.ndarray | None = None) -> Ensemble:  # fmt: skip
+                 ca: np.ndarray | None = None) -> Ensemble:  # fmt: skip
     """Fit the ensemble on measured ``variants [N, L]`` with ``values [N]`` (higher = better) and their
-    model scores ``[N, S]`` (unpenalised), with nearness features where ``near [L, L]`` (`nearness`) is
-    given; the penalty is chosen once by cross-validation on all of them."""
+    model scores ``[N, S]`` (unpenalised), with nearness features where the residues' Cα coordinates
+    ``ca [L, 3]`` are given; the penalty is chosen once by cross-validation on all of them."""
     varied = np.flatnonzero((variants != parent[None, :]).any(0))
     pairwise = pairwise and 1 < len(varied) <= MAX_PAIR_POSITIONS
     columns_of = VariantColumns(varied, parent[varied], pairwise, positional)
-    near = np.zeros((len(parent), 0)) if near is None else near[:, varied]
+    near = np.zeros((len(parent), 0)) if ca is None else nearness(ca, varied)
     scales = np.std(scores, axis=0)
     scales[scales == 0] = 1.0
     features = np.hstack([columns_of.dense(variants), near_features(variants, parent, near), scores / scales])
@@ -173,14 +177,14 @@ def choose_batch(measured: np.ndarray, values: np.ndarray, measured_scores: np.n
                  rule: Acquisition,
                  members: int = 10, fit_seed: int = 0, draw_seed: int = 0,
                  pairwise: bool = True, positional: bool = True,
-                 near: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # fmt: skip
+                 ca: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # fmt: skip
     """The batch of ``candidates`` (indices, best first) that ``rule`` picks from the ensemble fitted on the
     measured variants, and the ensemble's mean and spread for every candidate; the model scores are
-    ``[N]`` or ``[N, S]`` (several models); ``near``: `nearness` of the residues, for its features."""
+    ``[N]`` or ``[N, S]`` (several models); ``ca``: the residues' Cα coordinates, for nearness features."""
     measured_scores = measured_scores.reshape(len(measured), -1)
     candidate_scores = candidate_scores.reshape(len(candidates), -1)
     ensemble = fit_ensemble(
-        measured, values, measured_scores, parent, members, fit_seed, pairwise, positional, near
+        measured, values, measured_scores, parent, members, fit_seed, pairwise, positional, ca
     )
     predictions = ensemble.predict(candidates, candidate_scores)
     picked = top_batch(acquisition_values(predictions, rule, draw_seed), batch)

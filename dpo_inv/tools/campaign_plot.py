@@ -24,7 +24,7 @@ class RoundOutcome:
     zero_shot: np.ndarray
     measured: np.ndarray
 
-    def spearman(self) -> float | None:
+    def predictions_spearman(self) -> float | None:
         """Spearman of predicted against measured over the measured proposals (None: too few, or none
         predicted)."""
         if len(self.measured) < 3 or np.isnan(self.predicted).any():
@@ -33,13 +33,14 @@ class RoundOutcome:
         return None if np.isnan(rho) else rho
 
     def summary(self, lower_is_better: bool) -> dict[str, float | int | None]:
-        best = self.values.min() if lower_is_better else self.values.max()
-        rho = self.spearman()
+        pick = min if lower_is_better else max
+        best = float(pick(self.values)) if len(self.values) else None
+        rho = self.predictions_spearman()
         zero_shot = spearman(self.zero_shot, self.measured) if len(self.measured) >= 3 else float("nan")
         return {
             "round": self.round,
             "measured": len(self.values),
-            "best": float(best),
+            "best": best,
             "spearman_predicted": None if rho is None else round(rho, 3),
             "spearman_zero_shot": None if np.isnan(zero_shot) else round(float(zero_shot), 3),
         }
@@ -76,7 +77,7 @@ def plot_campaign(path: Path, outcomes: list[RoundOutcome], lower_is_better: boo
     predicted = [o for o in outcomes if len(o.measured) and not np.isnan(o.predicted).any()]
     colors = plt.get_cmap("viridis")(np.linspace(0.1, 0.9, max(len(predicted), 1)))
     for outcome, color in zip(predicted, colors, strict=False):
-        rho = outcome.spearman()
+        rho = outcome.predictions_spearman()
         label = f"round {outcome.round}, {len(outcome.measured)} measured"
         label += f": Spearman {rho:.2f}" if rho is not None else ""
         right.errorbar(outcome.predicted, outcome.measured, xerr=outcome.uncertainty, fmt="o", markersize=3,

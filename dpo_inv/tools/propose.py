@@ -16,6 +16,7 @@ import json
 import shutil
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -33,7 +34,7 @@ from dpo_inv.models.sampling import sample_sequences
 from dpo_inv.models.variants import conditional_log_probs, round_metric
 from dpo_inv.models.weights import as_model
 from dpo_inv.structures.parse import ALPHABET, AMINO_ACIDS, tokenize
-from dpo_inv.tools.acquisition import choose_batch, nearness, zero_shot_batch
+from dpo_inv.tools.acquisition import choose_batch, zero_shot_batch
 from dpo_inv.tools.adapt import Adapted, AdaptOptions, choose_and_train, variant_set
 from dpo_inv.tools.campaign_plot import RoundOutcome, plot_campaign
 from dpo_inv.tools.design_space import MAX_CANDIDATES, DesignSpace, read_design_space
@@ -248,6 +249,15 @@ def plot_campaign_folder(folder: str | Path) -> Path:
     return draw_campaign(Path(folder), config, round_outcomes(Path(folder), config, space))
 
 
+def picture_or_note(draw: Callable[[], Path]) -> str | None:
+    """The picture's path, or None with a note on stderr where matplotlib is not installed."""
+    try:
+        return str(draw())
+    except ImportError:
+        print("propose: campaign.png needs matplotlib: pip install matplotlib", file=sys.stderr)
+        return None
+
+
 def example_ca(example: dict[str, Any], length: int) -> np.ndarray:
     """``[length, 3]`` Cα coordinates of the designed chains' residues (NaN where unobserved)."""
     ca = np.asarray(example["X"], dtype=np.float64)[:length, 1].copy()
@@ -418,10 +428,10 @@ def propose_round(config: ProposeConfig, model: ProteinMPNN | None = None) -> di
     candidate_scores, measured_scores = scores[: len(candidates)], scores[len(candidates) :]
     if len(measured) >= MIN_MEASURED and np.ptp(values) > 0:
         draw_seed = config.seed + len(measured)
-        near = nearness(example_ca(example, len(space.parent)))
+        ca = example_ca(example, len(space.parent))
         picked, mean, spread = choose_batch(measured, values, measured_scores, candidates, candidate_scores,
                                             space.parent, config.batch_size, config.acquisition,
-                                            config.members, config.seed, draw_seed, near=near)  # fmt: skip
+                                            config.members, config.seed, draw_seed, ca=ca)  # fmt: skip
         rules = [config.acquisition] * len(picked)
         why = f"{config.acquisition} on the ensemble of {config.members} ({len(measured)} measured"
         why += f"; model {adapted.decision})" if adapted else ")"
@@ -460,10 +470,7 @@ def propose_round(config: ProposeConfig, model: ProteinMPNN | None = None) -> di
     outcomes = round_outcomes(folder, config, space)
     if outcomes:
         summary["last_round"] = outcomes[-1].summary(config.lower_is_better)
-        try:
-            summary["picture"] = str(draw_campaign(folder, config, outcomes))
-        except ImportError:
-            print("propose: campaign.png needs matplotlib: pip install matplotlib", file=sys.stderr)
+        summary["picture"] = picture_or_note(lambda: draw_campaign(folder, config, outcomes))
     return summary | {"seconds": round(time.time() - start, 1)}
 
 
@@ -496,8 +503,8 @@ def run_campaign(config: ProposeConfig, model: ProteinMPNN | None = None,
                 getattr(reward, "__name__", None) or config.reward or config.reward_command
             )
         summaries.append(summary)
-    if measured and "picture" in summaries[-1]:  # the last round's measurements drawn too
-        plot_campaign_folder(config.campaign)
+    if measured:  # the last round's measurements drawn too
+        summaries[-1]["picture"] = picture_or_note(lambda: plot_campaign_folder(config.campaign))
     return summaries
 
 
