@@ -41,6 +41,8 @@ def near_features(variants: np.ndarray, parent: np.ndarray, near: np.ndarray) ->
     """``[R, M]``: per variant, the sum over its mutations of their nearness (``near [L, M]``) to M
     positions."""
     out = np.zeros((len(variants), near.shape[1]))
+    if not near.shape[1]:  # no nearness features: nothing to compare
+        return out
     for start in range(0, len(variants), ROWS_PER_CHUNK):  # a chunk's [rows, L] mask at a time
         changed = variants[start : start + ROWS_PER_CHUNK] != parent[None, :]
         positions = np.flatnonzero(changed.any(0))

@@ -32,15 +32,17 @@ class RoundOutcome:
         rho = spearman(self.predicted, self.measured)
         return None if np.isnan(rho) else rho
 
+    def best(self, lower_is_better: bool) -> float | None:
+        """The round's best value (None: nothing measured)."""
+        return float((min if lower_is_better else max)(self.values)) if len(self.values) else None
+
     def summary(self, lower_is_better: bool) -> dict[str, float | int | None]:
-        pick = min if lower_is_better else max
-        best = float(pick(self.values)) if len(self.values) else None
         rho = self.predictions_spearman()
         zero_shot = spearman(self.zero_shot, self.measured) if len(self.measured) >= 3 else float("nan")
         return {
             "round": self.round,
             "measured": len(self.values),
-            "best": best,
+            "best": self.best(lower_is_better),
             "spearman_predicted": None if rho is None else round(rho, 3),
             "spearman_zero_shot": None if np.isnan(zero_shot) else round(float(zero_shot), 3),
         }
@@ -60,8 +62,8 @@ def plot_campaign(path: Path, outcomes: list[RoundOutcome], lower_is_better: boo
     for outcome in outcomes:
         x = outcome.round + rng.uniform(-0.18, 0.18, len(outcome.values))
         left.scatter(x, outcome.values, s=9, alpha=0.55, color="#4c72b0", linewidths=0)
-        if len(outcome.values):
-            here = float(outcome.values.min() if lower_is_better else outcome.values.max())
+        here = outcome.best(lower_is_better)
+        if here is not None:
             best = here if best is None else (min if lower_is_better else max)(best, here)
         if best is not None:
             points.append((outcome.round, best))

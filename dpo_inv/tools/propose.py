@@ -221,16 +221,17 @@ def round_outcomes(folder: Path, config: ProposeConfig, space: DesignSpace) -> l
                     for row in read_measurements(path, config.value_field)}  # fmt: skip
         proposals = folder / f"round_{n}" / "proposals.csv"
         rows = list(csv.DictReader(proposals.open())) if proposals.exists() else []
-        rows = [row for row in rows if _key(tokenize(row["sequence"])) in measured]
-
-        def column(name: str, rows: list[dict[str, str]] = rows) -> np.ndarray:
-            return np.array([float(row[name]) if row[name] else np.nan for row in rows])
-
-        values = np.array([measured[_key(tokenize(row["sequence"]))] for row in rows])
-        every = np.array(list(measured.values()))
-        outcomes.append(RoundOutcome(n, every, column("predicted"), column("uncertainty"),
-                                     column("zero_shot_delta_logp"), values))  # fmt: skip
+        found = [(row, measured[k]) for row in rows if (k := _key(tokenize(row["sequence"]))) in measured]
+        rows, values = [row for row, _ in found], [value for _, value in found]
+        outcomes.append(RoundOutcome(n, np.array(list(measured.values())), _column(rows, "predicted"),
+                                     _column(rows, "uncertainty"), _column(rows, "zero_shot_delta_logp"),
+                                     np.array(values)))  # fmt: skip
     return outcomes
+
+
+def _column(rows: list[dict[str, str]], name: str) -> np.ndarray:
+    """A number column of proposals.csv rows (NaN where empty)."""
+    return np.array([float(row[name]) if row[name] else np.nan for row in rows])
 
 
 def draw_campaign(folder: Path, config: ProposeConfig, outcomes: list[RoundOutcome]) -> Path:
