@@ -70,7 +70,9 @@ def plot_campaign(path: Path, outcomes: list[RoundOutcome], lower_is_better: boo
     if points:
         left.plot(*zip(*points, strict=True), "o-", color="#c44e52", label="best so far")
         left.legend(fontsize=8)
-    left.set_xticks([o.round for o in outcomes])
+    rounds = [o.round for o in outcomes]
+    left.set_xticks(rounds)
+    left.set_xlim(min(rounds) - 0.5, max(rounds) + 0.5)
     before = any(o.round == 0 for o in outcomes)
     left.set_xlabel("round (0: measured before the campaign)" if before else "round")
     left.set_ylabel("measured value" + (" (lower is better)" if lower_is_better else ""))
