@@ -12,6 +12,7 @@ from conftest import ROOT, stability_rows
 
 from dpo_inv.data.batches import ExampleDataset, collate
 from dpo_inv.data.dataset import VARIANTS, load_records
+from dpo_inv.models import variants
 from dpo_inv.models.variants import conditional_head, conditional_log_probs, conditional_states, spearman
 from dpo_inv.models.weights import load_model
 from dpo_inv.structures.parse import ALPHABET
@@ -88,7 +89,8 @@ def test_ridge_matches_the_normal_equations_with_an_unpenalised_score():
     np.testing.assert_allclose(fit_ridge(small, labels, 5.0).predict(small), X @ by_hand, atol=1e-8)
 
 
-def test_conditional_head_equals_the_conditional_estimator(tmp_path):
+def test_conditional_head_equals_the_conditional_estimator(tmp_path, monkeypatch):
+    monkeypatch.setattr(variants, "STATES_PER_PASS", 20)  # the states computed in three passes
     data = load_records(write(tmp_path / "v.jsonl", domain_rows(3)), tmp_path / "cache", kind=VARIANTS)
     batch = collate([ExampleDataset(data)[0]])
     model = load_model("vanilla/v_48_020")

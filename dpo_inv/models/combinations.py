@@ -30,8 +30,8 @@ from dpo_inv.models.layers import Encoding, causal_neighbor_mask
 from dpo_inv.models.mpnn import ProteinMPNN
 
 MAX_ORDERS = 4  # rotations of the mutated positions' order averaged by default
-PATTERNS_PER_PASS = 16  # (positions, order) decoder passes batched together
-SLOTS_PER_PASS = 4096  # slots whose neighbours' states are gathered at once
+PATTERNS_PER_PASS = 8  # (positions, order) decoder passes batched together
+SLOTS_PER_PASS = 2048  # slots whose neighbours' states are gathered at once
 
 
 def base_order(length: int, seed: int | None) -> np.ndarray:

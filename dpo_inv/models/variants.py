@@ -31,6 +31,7 @@ from dpo_inv.models.layers import DecoderStates, Encoding
 from dpo_inv.models.mpnn import ProteinMPNN, decoding_ranks, derive_seed
 
 ORDERS_PER_PASS = 64  # decoding orders (substituted positions x orders) per decoder batch
+STATES_PER_PASS = 16  # positions per decoder batch of `conditional_states` (its states are kept)
 
 
 @dataclass(frozen=True)
@@ -124,10 +125,22 @@ def conditional_states(
     model: ProteinMPNN, batch: dict[str, torch.Tensor], positions: list[int], seed: int | None
 ) -> ConditionalStates:
     """The encoder output and the decoder states below the last layer for scoring each of ``positions``
-    last (one decoding order: left to right with ``seed=None``, else drawn from ``seed``)."""
+    last (one decoding order: left to right with ``seed=None``, else drawn from ``seed``), computed
+    `STATES_PER_PASS` positions at a time."""
     enc = model.encode(**structure_inputs(batch))
-    S, ranks, where = conditional_inputs(batch, positions, seed, 1)
-    return ConditionalStates(enc, model.decode_below_last(enc, S, ranks), where)
+    parts = [
+        model.decode_below_last(
+            enc, *conditional_inputs(batch, positions[start : start + STATES_PER_PASS], seed, 1)[:2]
+        )
+        for start in range(0, len(positions), STATES_PER_PASS)
+    ]
+    states = DecoderStates(
+        h_V=torch.cat([part.h_V for part in parts], 2),
+        h_S=torch.cat([part.h_S for part in parts], 2),
+        mask_bw=torch.cat([part.mask_bw for part in parts], 3),
+    )
+    where = torch.tensor(positions, device=batch["mask"].device).view(1, 1, -1)
+    return ConditionalStates(enc, states, where)
 
 
 def conditional_head(model: ProteinMPNN, states: ConditionalStates) -> torch.Tensor:

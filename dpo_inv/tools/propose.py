@@ -40,7 +40,7 @@ from dpo_inv.tools.campaign_plot import RoundOutcome, plot_campaign
 from dpo_inv.tools.design_space import MAX_CANDIDATES, DesignSpace, read_design_space
 from dpo_inv.tools.reward_fn import RewardFunction, compute_rewards
 from dpo_inv.tools.sample import prepare_design
-from dpo_inv.training.launch import resolve_device
+from dpo_inv.training.launch import resolve_device, reuse_freed_memory
 
 CAMPAIGN_FILE = "campaign.json"
 MIN_MEASURED = 8  # fewer measurements: the batch is the zero-shot score's (`zero_shot_batch`)
@@ -388,6 +388,7 @@ def model_scores(config: ProposeConfig, model: ProteinMPNN, example: dict[str, A
 def propose_round(config: ProposeConfig, model: ProteinMPNN | None = None) -> dict[str, Any]:
     """Write the campaign's next round; returns its summary (round, counts, where the files are)."""
     start = time.time()
+    reuse_freed_memory()
     config = settle_campaign(config)
     folder = Path(config.campaign)
     if config.measurements:
