@@ -26,7 +26,9 @@ Methods, in the same runs:
 
 Printed last, one JSON line: per method and round, the mean and standard error over seeds (and scans) of the
 best value found over the best there is (`best_fraction`; on scans, whose values may be negative, the
-fraction of variants no better than the best found) and of the fraction of the top 1% found (`top1_found`).
+fraction of variants no better than the best found) and of the fraction of the top 1% found (`top1_found`);
+for the methods that predict, per round after the first, of the fraction of the batch that came back within
+predicted ± uncertainty (`within_uncertainty`).
 """
 
 from __future__ import annotations
@@ -147,8 +149,12 @@ def scan_problems(path: Path, args: argparse.Namespace, model: ProteinMPNN, adap
     return problems
 
 
-def campaign(method: str, seed: int, p: Problem, args: argparse.Namespace) -> list[tuple[float, float]]:
-    """One campaign: (best fraction, top-1% fraction found) after the first batch and after each round."""
+def campaign(
+    method: str, seed: int, p: Problem, args: argparse.Namespace
+) -> list[tuple[float, float, float]]:
+    """One campaign: (best fraction, top-1% fraction found, fraction of the batch just measured that came
+    back within predicted ± uncertainty: NaN where nothing predicted it) after the first batch and after
+    each round."""
     rng = np.random.default_rng(seed)
     values = p.values
     threshold = np.sort(values)[-max(1, round(0.01 * len(values)))]
@@ -160,10 +166,11 @@ def campaign(method: str, seed: int, p: Problem, args: argparse.Namespace) -> li
     else:
         measured = list(top_batch(p.scores, args.initial))
     history = []
+    within = np.nan
     for round_ in range(args.rounds + 1):
         best = max(measured, key=lambda i: values[i])
         found = values[best] / values.max() if p.fraction == "ratio" else np.mean(values <= values[best])
-        history.append((found, len(top & set(measured)) / len(top)))
+        history.append((found, len(top & set(measured)) / len(top), within))
         if round_ == args.rounds:
             break
         left = np.setdiff1d(np.arange(len(values)), measured)
@@ -182,13 +189,14 @@ def campaign(method: str, seed: int, p: Problem, args: argparse.Namespace) -> li
                     known_scores = np.c_[known_scores, adapted.out_of_fold[0]]
             draw = seed * 100 + round_
             rule = args.acquisition if method == "dpo_inv" else "thompson"
-            chosen, _, _ = choose_batch(p.variants[known], values[known], known_scores, p.variants[left],
-                                        scores[left], p.parent, args.batch, rule, fit_seed=draw,
-                                        draw_seed=draw, pairwise=method == "dpo_inv",
-                                        positional=method == "dpo_inv",
-                                        ca=p.ca if method == "dpo_inv" else None,
-                                        members=args.members if method == "dpo_inv" else 10)  # fmt: skip
+            chosen, mean, uncertainty = choose_batch(
+                p.variants[known], values[known], known_scores, p.variants[left], scores[left], p.parent,
+                args.batch, rule, fit_seed=draw, draw_seed=draw, pairwise=method == "dpo_inv",
+                positional=method == "dpo_inv", ca=p.ca if method == "dpo_inv" else None,
+                members=args.members if method == "dpo_inv" else 10,
+            )  # fmt: skip
             picked = left[chosen]
+            within = float(np.mean(np.abs(values[picked] - mean[chosen]) <= uncertainty[chosen]))
         measured += list(picked)
     return history
 
@@ -239,14 +247,11 @@ def main() -> None:
     for method in args.methods:
         runs = np.array([campaign(method, seed, p, args) for p in problems for seed in range(args.seeds)])
         mean, se = runs.mean(0), runs.std(0, ddof=1) / np.sqrt(len(runs)) if len(runs) > 1 else 0 * runs[0]
-        results[method] = {
-            "best_fraction": [
-                [round(float(m), 3), round(float(s), 3)] for m, s in zip(mean[:, 0], se[:, 0], strict=True)
-            ],
-            "top1_found": [
-                [round(float(m), 3), round(float(s), 3)] for m, s in zip(mean[:, 1], se[:, 1], strict=True)
-            ],
-        }
+        table = [[[round(float(m), 3), round(float(s), 3)] for m, s in zip(mean[:, k], se[:, k], strict=True)]
+                 for k in range(3)]  # fmt: skip
+        results[method] = {"best_fraction": table[0], "top1_found": table[1]}
+        if not np.isnan(runs[:, 1:, 2]).any():  # the methods that predict: each round's batch
+            results[method]["within_uncertainty"] = table[2][1:]
         print(f"{method}: best fraction {results[method]['best_fraction'][-1]}, top 1% found "
               f"{results[method]['top1_found'][-1]} ({time.time() - start:.0f} s)", flush=True)  # fmt: skip
     measured = [args.initial + r * args.batch for r in range(args.rounds + 1)]

@@ -18,8 +18,8 @@ from dpo_inv.data.dataset import VARIANTS, load_records
 from dpo_inv.models.combinations import Slots, joint_deltas, joint_plan, joint_slots, rotations, slot_head
 from dpo_inv.models.variants import conditional_deltas, spearman
 from dpo_inv.models.weights import load_model
-from dpo_inv.structures.parse import ALPHABET
-from dpo_inv.tools.acquisition import choose_batch, nearness, zero_shot_batch
+from dpo_inv.structures.parse import ALPHABET, tokenize
+from dpo_inv.tools.acquisition import choose_batch, fit_ensemble, nearness, zero_shot_batch
 from dpo_inv.tools.adapt import AdaptOptions, train_head, variant_set
 from dpo_inv.tools.design_space import read_design_space
 from dpo_inv.tools.propose import example_ca
@@ -278,6 +278,29 @@ def test_nearness_carries_a_measured_region_to_positions_never_measured():
         assert (rho > 0.5) if better else (np.isnan(rho) or abs(rho) < 0.3), rho
 
 
+def test_the_uncertainty_covers_measurements_the_predictor_has_not_seen():
+    """Fitted on 48 measured stability singles of a real domain, the predictor's uncertainty (the members'
+    spread and the out-of-fold error beyond it) holds about two in three of the other 806 measurements
+    within predicted ± uncertainty, and nearly all within twice that; the spread alone holds few."""
+    space, example = read_design_space(str(STRUCTURE), ["A"])
+    ca = example_ca(example, len(space.parent))
+    rows = {name: [json.loads(line) for line in (EXAMPLE / "adapt" / f"{name}.jsonl").open()]
+            for name in ("labelled", "candidates")}  # fmt: skip
+    tokens = {name: np.array([tokenize(r["sequence"]) for r in rows[name]]) for name in rows}
+    labels = {name: np.array([r["label"] for r in rows[name]]) for name in rows}
+    measured, left = tokens["labelled"][:48], tokens["candidates"]
+    _, mean, uncertainty = choose_batch(measured, labels["labelled"][:48], np.zeros(48), left,
+                                        np.zeros(len(left)), space.parent, 8, "thompson", ca=ca)  # fmt: skip
+    ensemble = fit_ensemble(measured, labels["labelled"][:48], np.zeros((48, 1)), space.parent, ca=ca)
+    spread = ensemble.predict(left, np.zeros((len(left), 1))).std(0)
+    assert ensemble.error > 0
+    np.testing.assert_allclose(uncertainty, np.sqrt(spread**2 + ensemble.error**2))
+    error = np.abs(labels["candidates"] - mean)
+    assert 0.6 < np.mean(error <= uncertainty) < 0.9
+    assert np.mean(error <= 2 * uncertainty) > 0.9
+    assert np.mean(error <= spread) < 0.35
+
+
 def test_a_first_batch_covers_the_residues_the_zero_shot_best_leaves_out():
     """Without measurements: three quarters of the batch are the candidates, best first, that hold a residue
     at a position no better-scored candidate holds; the rest is the zero-shot best."""
@@ -385,7 +408,8 @@ def benchmark(*args: str) -> dict:
 
 def check_runs(out: dict, measured: list[int]) -> None:
     """Every method's rounds: fractions in [0, 1], never lower than the round before, and the same first
-    round for every method (one draw per seed)."""
+    round for every method (one draw per seed); how many came back within the predictions' uncertainty,
+    for the methods that predict."""
     assert out["measured"] == measured
     assert set(out["methods"]) == {"dpo_inv", "augmented_ridge", "greedy_zero_shot", "random"}
     firsts = set()
@@ -396,6 +420,10 @@ def check_runs(out: dict, measured: list[int]) -> None:
             assert means == sorted(means)
         firsts.add(tuple(result["best_fraction"][0]))
     assert len(firsts) == 1
+    for method in ("dpo_inv", "augmented_ridge"):  # the methods that predict: each round's batch
+        within = out["methods"][method]["within_uncertainty"]
+        assert len(within) == len(measured) - 1 and all(0 <= mean <= 1 for mean, _ in within)
+    assert not {"within_uncertainty"} & {*out["methods"]["random"], *out["methods"]["greedy_zero_shot"]}
 
 
 @pytest.mark.slow

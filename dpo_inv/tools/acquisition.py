@@ -5,7 +5,8 @@ is mutated (what the single mutants at one position share), how near in space ea
 those positions (what mutations in one region of the structure share), their pairs (one-hot of each pair of
 positions: the epistasis a four-site library is made of) and model scores as unpenalised features (the
 zero-shot score, and an adapted model's); `members` fits on bootstrap resamples of the measurements give a
-mean and a spread.
+mean and a spread. A prediction's uncertainty is that spread and the error cross-validation finds beyond it
+(what the members agree on and still get wrong on measurements they were not fitted on).
 The batch is the B candidates not yet measured with the highest draw: Thompson sampling (each candidate's
 value drawn from one member), UCB (mean + spread) or greedy (mean). Before there is anything to fit on, the
 batch is the zero-shot score's: three quarters covering the residues of the space, a quarter its best
@@ -15,12 +16,12 @@ batch is the zero-shot score's: three quarters covering the residues of the spac
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 import numpy as np
 
-from dpo_inv.tools.ridge import fit_ridge, fit_ridge_cv
+from dpo_inv.tools.ridge import cross_validated, fit_ridge
 
 Acquisition = Literal["thompson", "ucb", "greedy"]
 MAX_PAIR_POSITIONS = 12  # pair features only where the measured variants vary at most this many positions
@@ -94,7 +95,8 @@ class VariantColumns:
 @dataclass(frozen=True)
 class Ensemble:
     """Ridge models fitted on bootstrap resamples: ``weights [E, F + M + S]`` (the one-hot columns, the
-    nearness to the M varied positions, the S model scores) and ``intercepts [E]``."""
+    nearness to the M varied positions, the S model scores) and ``intercepts [E]``; ``error``: the
+    root-mean-square error of out-of-fold predictions beyond the members' spread on the measurements."""
 
     columns_of: VariantColumns
     weights: np.ndarray
@@ -102,6 +104,7 @@ class Ensemble:
     score_scales: np.ndarray  # [S]
     parent: np.ndarray  # [L]
     near: np.ndarray  # [L, M]: nearness of each residue to the M varied positions (M = 0: none)
+    error: float
 
     def predict(self, variants: np.ndarray, scores: np.ndarray) -> np.ndarray:
         """``[E, R]``: each member's prediction for each variant (``scores [R, S]``)."""
@@ -121,7 +124,8 @@ def fit_ensemble(variants: np.ndarray, values: np.ndarray, scores: np.ndarray, p
                  ca: np.ndarray | None = None) -> Ensemble:  # fmt: skip
     """Fit the ensemble on measured ``variants [N, L]`` with ``values [N]`` (higher = better) and their
     model scores ``[N, S]`` (unpenalised), with nearness features where the residues' Cα coordinates
-    ``ca [L, 3]`` are given; the penalty is chosen once by cross-validation on all of them."""
+    ``ca [L, 3]`` are given; the penalty is chosen once by cross-validation on all of them, whose
+    out-of-fold predictions give the error beyond the spread."""
     varied = np.flatnonzero((variants != parent[None, :]).any(0))
     pairwise = pairwise and 1 < len(varied) <= MAX_PAIR_POSITIONS
     columns_of = VariantColumns(varied, parent[varied], pairwise, positional)
@@ -129,7 +133,7 @@ def fit_ensemble(variants: np.ndarray, values: np.ndarray, scores: np.ndarray, p
     scales = np.std(scores, axis=0)
     scales[scales == 0] = 1.0
     features = np.hstack([columns_of.dense(variants), near_features(variants, parent, near), scores / scales])
-    alpha = fit_ridge_cv(features, values, scores.shape[1], seed).alpha
+    alpha, out_of_fold = cross_validated(features, values, scores.shape[1], seed)
     rng = np.random.default_rng(seed)
     weights, intercepts = [], []
     for _ in range(members):
@@ -137,7 +141,9 @@ def fit_ensemble(variants: np.ndarray, values: np.ndarray, scores: np.ndarray, p
         ridge = fit_ridge(features[rows], values[rows], alpha, scores.shape[1])
         weights.append(ridge.weights)
         intercepts.append(ridge.intercept)
-    return Ensemble(columns_of, np.array(weights), np.array(intercepts), scales, parent, near)
+    ensemble = Ensemble(columns_of, np.array(weights), np.array(intercepts), scales, parent, near, 0.0)
+    beyond = np.mean((values - out_of_fold) ** 2) - np.mean(ensemble.predict(variants, scores).var(0))
+    return replace(ensemble, error=float(np.sqrt(max(beyond, 0.0))))
 
 
 def acquisition_values(predictions: np.ndarray, rule: Acquisition, seed: int = 0) -> np.ndarray:
@@ -181,7 +187,8 @@ def choose_batch(measured: np.ndarray, values: np.ndarray, measured_scores: np.n
                  pairwise: bool = True, positional: bool = True,
                  ca: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # fmt: skip
     """The batch of ``candidates`` (indices, best first) that ``rule`` picks from the ensemble fitted on the
-    measured variants, and the ensemble's mean and spread for every candidate; the model scores are
+    measured variants, and the ensemble's mean and uncertainty (the members' spread and the ensemble's
+    `error`, in quadrature) for every candidate; the model scores are
     ``[N]`` or ``[N, S]`` (several models); ``ca``: the residues' Cα coordinates, for nearness features."""
     measured_scores = measured_scores.reshape(len(measured), -1)
     candidate_scores = candidate_scores.reshape(len(candidates), -1)
@@ -190,4 +197,4 @@ def choose_batch(measured: np.ndarray, values: np.ndarray, measured_scores: np.n
     )
     predictions = ensemble.predict(candidates, candidate_scores)
     picked = top_batch(acquisition_values(predictions, rule, draw_seed), batch)
-    return picked, predictions.mean(0), predictions.std(0)
+    return picked, predictions.mean(0), np.sqrt(predictions.var(0) + ensemble.error**2)

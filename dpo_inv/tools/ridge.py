@@ -57,11 +57,13 @@ def fit_ridge(features: np.ndarray, labels: np.ndarray, alpha: float, unpenalise
     return Ridge(weights, float(mean_y - mean_x @ weights), alpha)
 
 
-def fit_ridge_cv(features: np.ndarray, labels: np.ndarray, unpenalised: int = 0, seed: int = 0) -> Ridge:
-    """Ridge with the penalty of `ALPHAS` whose out-of-fold predictions rank ``labels`` best (Spearman) in
-    a random `INNER_FOLDS`-fold split; refitted on everything."""
+def cross_validated(
+    features: np.ndarray, labels: np.ndarray, unpenalised: int = 0, seed: int = 0
+) -> tuple[float, np.ndarray]:
+    """The penalty of `ALPHAS` whose out-of-fold predictions rank ``labels`` best (Spearman) in a random
+    `INNER_FOLDS`-fold split, and those predictions."""
     folds = np.random.default_rng(seed).permutation(len(labels)) % min(INNER_FOLDS, len(labels))
-    best, best_alpha = -np.inf, ALPHAS[0]
+    best, best_alpha, best_predicted = -np.inf, ALPHAS[0], np.zeros(len(labels))
     for alpha in ALPHAS:
         predicted = np.zeros(len(labels))
         for fold in np.unique(folds):
@@ -70,8 +72,13 @@ def fit_ridge_cv(features: np.ndarray, labels: np.ndarray, unpenalised: int = 0,
             predicted[held_out] = model.predict(features[held_out])
         rho = spearman(predicted, labels)
         if np.isfinite(rho) and rho > best:
-            best, best_alpha = rho, alpha
-    return fit_ridge(features, labels, best_alpha, unpenalised)
+            best, best_alpha, best_predicted = rho, alpha, predicted
+    return best_alpha, best_predicted
+
+
+def fit_ridge_cv(features: np.ndarray, labels: np.ndarray, unpenalised: int = 0, seed: int = 0) -> Ridge:
+    """Ridge with the penalty `cross_validated` chooses, fitted on everything."""
+    return fit_ridge(features, labels, cross_validated(features, labels, unpenalised, seed)[0], unpenalised)
 
 
 def augmented_features(tokens: np.ndarray, scores: np.ndarray) -> np.ndarray:
