@@ -63,7 +63,7 @@ def cross_validated(
     """The penalty of `ALPHAS` whose out-of-fold predictions rank ``labels`` best (Spearman) in a random
     `INNER_FOLDS`-fold split, and those predictions."""
     folds = np.random.default_rng(seed).permutation(len(labels)) % min(INNER_FOLDS, len(labels))
-    best, best_alpha, best_predicted = -np.inf, ALPHAS[0], np.zeros(len(labels))
+    chosen: tuple[float, float, np.ndarray] | None = None  # (Spearman, penalty, predictions)
     for alpha in ALPHAS:
         predicted = np.zeros(len(labels))
         for fold in np.unique(folds):
@@ -71,9 +71,9 @@ def cross_validated(
             model = fit_ridge(features[~held_out], labels[~held_out], alpha, unpenalised)
             predicted[held_out] = model.predict(features[held_out])
         rho = spearman(predicted, labels)
-        if np.isfinite(rho) and rho > best:
-            best, best_alpha, best_predicted = rho, alpha, predicted
-    return best_alpha, best_predicted
+        if chosen is None or (np.isfinite(rho) and rho > chosen[0]):  # the first where none ranks
+            chosen = (rho if np.isfinite(rho) else -np.inf, alpha, predicted)
+    return chosen[1], chosen[2]
 
 
 def fit_ridge_cv(features: np.ndarray, labels: np.ndarray, unpenalised: int = 0, seed: int = 0) -> Ridge:
