@@ -53,7 +53,7 @@ from dpo_inv.structures.parse import ALPHABET
 from dpo_inv.tools.acquisition import choose_batch, top_batch, zero_shot_batch
 from dpo_inv.tools.adapt import AdaptOptions, VariantSet, choose_and_train, variant_set
 from dpo_inv.tools.design_space import read_design_space
-from dpo_inv.tools.propose import example_ca, measured_variants, zero_shot
+from dpo_inv.tools.propose import ADAPTED_ORDERS, example_ca, measured_variants, zero_shot
 
 METHODS = ("dpo_inv", "augmented_ridge", "greedy_zero_shot", "random")
 CPU = torch.device("cpu")
@@ -93,10 +93,10 @@ def problem(name: str, structure: str, chain: str, rows: list, model: ProteinMPN
         scores = zero_shot(model, example, space, variants, CPU)
 
         def predict(m: ProteinMPNN) -> np.ndarray:
-            return zero_shot(m, example, space, variants, CPU)
+            return zero_shot(m, example, space, variants, CPU, ADAPTED_ORDERS)
 
     def train_set(rows: np.ndarray) -> VariantSet:
-        return variant_set(model, batch, variants[rows], values[rows], None)
+        return variant_set(model, batch, variants[rows], values[rows], None, max_orders=ADAPTED_ORDERS)
 
     ca = example_ca(example, len(space.parent))
     return Problem(name, variants, values, scores, space.parent, model, train_set if adapt else None, predict,

@@ -99,6 +99,31 @@ def test_adapt_trains_combinations_on_the_joint_score(model):
     config = AdaptOptions(decoding_order="left_to_right", max_steps=[30])
     trained, deltas = train_head(model, [variants], [np.ones(len(labels), dtype=bool)], 3e-4, [30], config)
     assert spearman(deltas[30][0], np.array(labels)) > spearman(joint.numpy(), np.array(labels)) + 0.1
+    one = variant_set(model, batch, V, np.array(labels), None, max_orders=1)  # as `propose` adapts
+    plan = joint_plan(W, V, np.arange(len(W)), model.config.vocab_size, 1)
+    with torch.no_grad():
+        joint = joint_deltas(model, model.encode(**structure_inputs(batch)), batch["wildtype"][0], plan)
+    assert one.reference.numpy() == pytest.approx(joint.numpy(), abs=1e-4)
+    assert len(one.states.h_V) < len(variants.states.h_V)
+
+
+def test_propose_adapts_on_measured_combinations_when_asked(tmp_path, model):
+    """`adapt="yes"` on 30 measured double mutants (labelled by the sum of their singles' measured
+    stabilities): the round adapts (round_1/adapt.json) and scores the candidates with what it kept."""
+    import dpo_inv
+
+    doubles = double_mutants(labelled(), 60)
+    (tmp_path / "candidates.csv").write_text("sequence\n" + "".join(f"{d['sequence']}\n" for d in doubles))
+    (tmp_path / "measured.csv").write_text(
+        "sequence,value\n" + "".join(f"{d['sequence']},{d['label']}\n" for d in doubles[:30])
+    )
+    files = {"candidates": str(tmp_path / "candidates.csv"), "measurements": str(tmp_path / "measured.csv")}
+    summary = dpo_inv.propose(tmp_path / "c", model, structure=str(STRUCTURE), chain_id=["A"], batch_size=8,
+                              adapt="yes", **files)  # fmt: skip
+    report = json.loads((tmp_path / "c" / "round_1" / "adapt.json").read_text())
+    assert report["cv_spearman_start"] is not None and summary["proposed"] == 8
+    kept = (tmp_path / "c" / "round_1" / "model").is_dir()
+    assert kept == (report["decision"] == "adapted") and ("model adapted" in summary["picked_by"]) == kept
 
 
 @pytest.mark.slow

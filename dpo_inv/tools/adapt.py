@@ -27,7 +27,7 @@ from dpo_inv.data.batches import ExampleDataset, collate, structure_inputs
 from dpo_inv.data.dataset import VARIANTS, RecordSet, load_records
 from dpo_inv.data.proteingym import StructureOptions
 from dpo_inv.data.records import Data, DataError, write_json
-from dpo_inv.models.combinations import Slots, base_order, joint_plan, joint_slots, slot_head
+from dpo_inv.models.combinations import MAX_ORDERS, Slots, base_order, joint_plan, joint_slots, slot_head
 from dpo_inv.models.mpnn import ProteinMPNN
 from dpo_inv.models.options import ModelOptions
 from dpo_inv.models.variants import (
@@ -164,17 +164,19 @@ def variant_set(
     seed: int | None,
     structure_id: int = 0,
     records: np.ndarray | None = None,
+    max_orders: int = MAX_ORDERS,
 ) -> VariantSet:
     """The `VariantSet` of ``variants [R, L]`` (tokens) on the one structure of ``batch`` (its `wildtype`
     sequence the wild type), the other residues decoded left to right (``seed=None``) or in an order drawn
     from ``seed``: the conditional estimator's states when every variant is a single mutant, else the joint
-    estimator's slots (`dpo_inv.models.combinations`; equal on single mutants)."""
+    estimator's slots (`dpo_inv.models.combinations`, at most ``max_orders`` orders of a variant's mutated
+    positions; equal on single mutants)."""
     device = batch["mask"].device
     wildtype = batch["wildtype"][0].cpu().numpy()
     changed = variants != wildtype[None, :]
     vocab = model.config.vocab_size
     if changed.sum(1).max(initial=0) > 1:
-        plan = joint_plan(wildtype, variants, base_order(len(wildtype), seed), vocab)
+        plan = joint_plan(wildtype, variants, base_order(len(wildtype), seed), vocab, max_orders)
         with torch.no_grad():
             enc = model.encode(**structure_inputs(batch))
         states: ConditionalStates | Slots = joint_slots(model, enc, batch["wildtype"][0], plan)
