@@ -434,16 +434,17 @@ def propose_round(config: ProposeConfig, model: ProteinMPNN | None = None) -> di
     if len(measured) >= MIN_MEASURED and np.ptp(values) > 0:
         draw_seed = config.seed + len(measured)
         ca = example_ca(example, len(space.parent))
-        picked, mean, spread = choose_batch(measured, values, measured_scores, candidates, candidate_scores,
-                                            space.parent, config.batch_size, config.acquisition,
-                                            config.members, config.seed, draw_seed, ca=ca)  # fmt: skip
+        picked, mean, uncertainty = choose_batch(measured, values, measured_scores, candidates,
+                                                 candidate_scores, space.parent, config.batch_size,
+                                                 config.acquisition, config.members, config.seed, draw_seed,
+                                                 ca=ca)  # fmt: skip
         rules = [config.acquisition] * len(picked)
         why = f"{config.acquisition} on the ensemble of {config.members} ({len(measured)} measured"
         why += f"; model {adapted.decision})" if adapted else ")"
     else:
         batch = config.batch_size
         picked, covering = zero_shot_batch(candidates, candidate_scores[:, 0], space.parent, batch)
-        mean = spread = np.full(len(candidates), np.nan)
+        mean = uncertainty = np.full(len(candidates), np.nan)
         rules = ["zero_shot_coverage" if c else "zero_shot" for c in covering]
         why = (f"zero-shot joint delta_logp, its best and covering the space's residues "
                f"({len(measured)} measured, fewer than {MIN_MEASURED} to fit on)")  # fmt: skip
@@ -455,10 +456,10 @@ def propose_round(config: ProposeConfig, model: ProteinMPNN | None = None) -> di
     for rank, (i, rule) in enumerate(zip(picked, rules, strict=True), 1):
         sequence = "".join(ALPHABET[t] for t in candidates[i])
         mutations = space.mutations(candidates[i])
-        table.append(f"{rank},{mutations},{sequence},{_number(sign * mean[i])},{_number(spread[i])},"
+        table.append(f"{rank},{mutations},{sequence},{_number(sign * mean[i])},{_number(uncertainty[i])},"
                      f"{candidate_scores[i, 0]:.4f},{rule}")  # fmt: skip
         fasta.append(f">round{n}_{rank:03d} {mutations} predicted={_number(sign * mean[i])} "
-                     f"uncertainty={_number(spread[i])}\n{sequence}\n")  # fmt: skip
+                     f"uncertainty={_number(uncertainty[i])}\n{sequence}\n")  # fmt: skip
     staging = folder / f".round_{n}.tmp"
     shutil.rmtree(staging, ignore_errors=True)
     write_text(staging / "proposals.csv", "\n".join(table) + "\n")
