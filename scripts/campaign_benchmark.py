@@ -193,7 +193,7 @@ def campaign(
                 p.variants[known], values[known], known_scores, p.variants[left], scores[left], p.parent,
                 args.batch, rule, fit_seed=draw, draw_seed=draw, pairwise=method == "dpo_inv",
                 positional=method == "dpo_inv", ca=p.ca if method == "dpo_inv" else None,
-                members=args.members if method == "dpo_inv" else 10,
+                members=args.members if method == "dpo_inv" else 10, substituted=method == "dpo_inv",
             )  # fmt: skip
             picked = left[chosen]
             within = float(np.mean(np.abs(values[picked] - mean[chosen]) <= uncertainty[chosen]))

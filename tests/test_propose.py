@@ -19,7 +19,13 @@ from dpo_inv.models.combinations import Slots, joint_deltas, joint_plan, joint_s
 from dpo_inv.models.variants import conditional_deltas, spearman
 from dpo_inv.models.weights import load_model
 from dpo_inv.structures.parse import ALPHABET, tokenize
-from dpo_inv.tools.acquisition import choose_batch, fit_ensemble, nearness, zero_shot_batch
+from dpo_inv.tools.acquisition import (
+    choose_batch,
+    fit_ensemble,
+    nearness,
+    substitution_features,
+    zero_shot_batch,
+)
 from dpo_inv.tools.adapt import AdaptOptions, train_head, variant_set
 from dpo_inv.tools.design_space import read_design_space
 from dpo_inv.tools.propose import example_ca
@@ -301,6 +307,41 @@ def test_nearness_carries_a_measured_region_to_positions_never_measured():
                                   zero[left], parent, 4, "greedy", ca=where)  # fmt: skip
         rho = spearman(mean, -distance[np.array(positions)[left]])
         assert (rho > 0.5) if better else (np.isnan(rho) or abs(rho) < 0.3), rho
+
+
+def test_mutations_to_one_residue_inform_that_residue_at_positions_never_measured():
+    """Single mutants whose value is set by the residue they mutate to: fitted on 24 of them at 20 positions,
+    the ensemble ranks the singles at every other position by that residue, where that residue was measured
+    (the features counting the mutations to each residue); without them it cannot tell those singles apart.
+    A library of a few positions has its pair features instead."""
+    space, _ = read_design_space(str(STRUCTURE), ["A"])
+    parent = space.parent
+    effects = (0.3, -0.5, 0.8, -0.1, 0.6, -1.0, 0.9)
+    effect = {ALPHABET.index(a): v for a, v in zip("ADFKLPW", effects, strict=True)}
+    singles = [(p, r) for p in range(len(parent)) for r in effect if parent[p] != r]
+    positions, residues = np.array(singles).T
+    variants = np.repeat(parent[None, :], len(singles), axis=0)
+    variants[np.arange(len(singles)), positions] = residues
+    values = np.array([effect[r] for r in residues])
+    rng = np.random.default_rng(0)
+    at_measured = np.isin(positions, rng.choice(len(parent), 20, replace=False))
+    measured = rng.choice(np.flatnonzero(at_measured), 24, replace=False)
+    left = np.flatnonzero(~at_measured)
+    assert len(np.unique(positions[measured])) > 12  # too many positions for pairs
+    zero = np.zeros(len(singles))
+    for substituted in (True, False):
+        _, mean, _ = choose_batch(variants[measured], values[measured], zero[measured], variants[left],
+                                  zero[left], parent, 4, "greedy", substituted=substituted)  # fmt: skip
+        seen = np.isin(residues[left], residues[measured])  # a residue never measured gets no weight
+        rho = spearman(mean[seen], values[left][seen])
+        assert (rho > 0.95) if substituted else np.ptp(mean) < 1e-9, rho
+    double = parent.copy()
+    double[[0, 5]] = ALPHABET.index("W")
+    counts = substitution_features(np.stack([parent, double]), parent)
+    assert counts.sum(1).tolist() == [0, 2] and counts[1, ALPHABET.index("W")] == 2
+    few = np.flatnonzero(np.isin(positions, np.unique(positions[measured])[:4]))
+    assert not fit_ensemble(variants[few], values[few], zero[few, None], parent).substituted
+    assert fit_ensemble(variants[measured], values[measured], zero[measured, None], parent).substituted
 
 
 def test_the_uncertainty_covers_measurements_the_predictor_has_not_seen():

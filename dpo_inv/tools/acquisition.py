@@ -2,15 +2,16 @@
 
 The predictor is ridge regression on the residues at the positions a campaign varies (one-hot), whether each
 is mutated (what the single mutants at one position share), how near in space each mutation lies to each of
-those positions (what mutations in one region of the structure share), their pairs (one-hot of each pair of
-positions: the epistasis a four-site library is made of) and model scores as unpenalised features (the
-zero-shot score, and an adapted model's); `members` fits on bootstrap resamples of the measurements give a
-mean and a spread. A prediction's uncertainty is that spread and the error cross-validation finds beyond it
-(what the members agree on and still get wrong on measurements they were not fitted on).
-The batch is the B candidates not yet measured with the highest draw: Thompson sampling (each candidate's
-value drawn from one member), UCB (mean + spread) or greedy (mean). Before there is anything to fit on, the
-batch is the zero-shot score's: three quarters covering the residues of the space, a quarter its best
-(`zero_shot_batch`).
+those positions (what mutations in one region of the structure share), either their pairs (one-hot of each
+pair of positions: the epistasis a library of a few sites is made of) or, where the positions are too many
+for pairs, how many mutations are to each amino acid (what mutations to one residue share, wherever they
+are), and model scores as unpenalised features (the zero-shot score, and an adapted model's); `members` fits
+on bootstrap resamples of the measurements give a mean and a spread. A prediction's uncertainty is that
+spread and the error cross-validation finds beyond it (what the members agree on and still get wrong on
+measurements they were not fitted on). The batch is the B candidates not yet measured with the highest
+draw: Thompson sampling (each candidate's value drawn from one member), UCB (mean + spread) or greedy (mean).
+Before there is anything to fit on, the batch is the zero-shot score's: three quarters covering the residues
+of the space, a quarter its best (`zero_shot_batch`).
 """
 
 from __future__ import annotations
@@ -48,6 +49,17 @@ def near_features(variants: np.ndarray, parent: np.ndarray, near: np.ndarray) ->
         changed = variants[start : start + ROWS_PER_CHUNK] != parent[None, :]
         positions = np.flatnonzero(changed.any(0))
         out[start : start + ROWS_PER_CHUNK] = changed[:, positions].astype(np.float64) @ near[positions]
+    return out
+
+
+def substitution_features(variants: np.ndarray, parent: np.ndarray, vocab: int = 21) -> np.ndarray:
+    """``[R, vocab]``: per variant, how many of its mutations are to each residue."""
+    out = np.zeros((len(variants), vocab))
+    for start in range(0, len(variants), ROWS_PER_CHUNK):
+        chunk = variants[start : start + ROWS_PER_CHUNK]
+        rows, positions = np.nonzero(chunk != parent[None, :])
+        counts = np.bincount(rows * vocab + chunk[rows, positions], minlength=len(chunk) * vocab)
+        out[start : start + ROWS_PER_CHUNK] = counts.reshape(len(chunk), vocab)
     return out
 
 
@@ -94,9 +106,10 @@ class VariantColumns:
 
 @dataclass(frozen=True)
 class Ensemble:
-    """Ridge models fitted on bootstrap resamples: ``weights [E, F + M + S]`` (the one-hot columns, the
-    nearness to the M varied positions, the S model scores) and ``intercepts [E]``; ``error``: the
-    root-mean-square error of out-of-fold predictions beyond the members' spread on the measurements."""
+    """Ridge models fitted on bootstrap resamples: ``weights [E, F + M + A + S]`` (the one-hot columns, the
+    nearness to the M varied positions, the mutations to each of A residues (A = 0: none), the S model
+    scores) and ``intercepts [E]``; ``error``: the root-mean-square error of out-of-fold predictions beyond
+    the members' spread on the measurements."""
 
     columns_of: VariantColumns
     weights: np.ndarray
@@ -104,35 +117,47 @@ class Ensemble:
     score_scales: np.ndarray  # [S]
     parent: np.ndarray  # [L]
     near: np.ndarray  # [L, M]: nearness of each residue to the M varied positions (M = 0: none)
+    substituted: bool  # whether the mutations to each residue are features
     error: float
 
     def predict(self, variants: np.ndarray, scores: np.ndarray) -> np.ndarray:
         """``[E, R]``: each member's prediction for each variant (``scores [R, S]``)."""
         columns = self.columns_of.columns(variants)
-        near = near_features(variants, self.parent, self.near)
-        F, M = self.columns_of.num_features, self.near.shape[1]
+        shared = self.shared_features(variants)
+        F = self.columns_of.num_features
         out = np.empty((len(self.weights), len(variants)))
         for e, (weights, intercept) in enumerate(zip(self.weights, self.intercepts, strict=True)):
             table = np.append(weights[:F], 0.0)  # the placeholder column weighs nothing
-            out[e] = table[columns].sum(1) + near @ weights[F : F + M]
-            out[e] += scores / self.score_scales @ weights[F + M :] + intercept
+            out[e] = table[columns].sum(1) + shared @ weights[F : F + shared.shape[1]]
+            out[e] += scores / self.score_scales @ weights[F + shared.shape[1] :] + intercept
         return out
+
+    def shared_features(self, variants: np.ndarray) -> np.ndarray:
+        """``[R, M + A]``: the features mutations at different positions share, the nearness and (where
+        `substituted`) the mutations to each residue."""
+        near = near_features(variants, self.parent, self.near)
+        if not self.substituted:
+            return near
+        return np.hstack([near, substitution_features(variants, self.parent, self.columns_of.vocab)])
 
 
 def fit_ensemble(variants: np.ndarray, values: np.ndarray, scores: np.ndarray, parent: np.ndarray,
                  members: int = 10, seed: int = 0, pairwise: bool = True, positional: bool = True,
-                 ca: np.ndarray | None = None) -> Ensemble:  # fmt: skip
+                 ca: np.ndarray | None = None, substituted: bool = True) -> Ensemble:  # fmt: skip
     """Fit the ensemble on measured ``variants [N, L]`` with ``values [N]`` (higher = better) and their
     model scores ``[N, S]`` (unpenalised), with nearness features where the residues' Cα coordinates
-    ``ca [L, 3]`` are given; the penalty is chosen once by cross-validation on all of them, whose
+    ``ca [L, 3]`` are given, and the mutations to each residue where ``substituted`` and the positions are
+    too many for pair features; the penalty is chosen once by cross-validation on all of them, whose
     out-of-fold predictions give the error beyond the spread."""
     varied = np.flatnonzero((variants != parent[None, :]).any(0))
     pairwise = pairwise and 1 < len(varied) <= MAX_PAIR_POSITIONS
+    substituted = substituted and not pairwise  # a library of few positions has its pairs instead
     columns_of = VariantColumns(varied, parent[varied], pairwise, positional)
     near = np.zeros((len(parent), 0)) if ca is None else nearness(ca, varied)
     scales = np.std(scores, axis=0)
     scales[scales == 0] = 1.0
-    features = np.hstack([columns_of.dense(variants), near_features(variants, parent, near), scores / scales])
+    unfitted = Ensemble(columns_of, np.zeros((0, 0)), np.zeros(0), scales, parent, near, substituted, 0.0)
+    features = np.hstack([columns_of.dense(variants), unfitted.shared_features(variants), scores / scales])
     alpha, out_of_fold = cross_validated(features, values, scores.shape[1], seed)
     rng = np.random.default_rng(seed)
     weights, intercepts = [], []
@@ -141,7 +166,7 @@ def fit_ensemble(variants: np.ndarray, values: np.ndarray, scores: np.ndarray, p
         ridge = fit_ridge(features[rows], values[rows], alpha, scores.shape[1])
         weights.append(ridge.weights)
         intercepts.append(ridge.intercept)
-    ensemble = Ensemble(columns_of, np.array(weights), np.array(intercepts), scales, parent, near, 0.0)
+    ensemble = replace(unfitted, weights=np.array(weights), intercepts=np.array(intercepts))
     beyond = np.mean((values - out_of_fold) ** 2) - np.mean(ensemble.predict(variants, scores).var(0))
     return replace(ensemble, error=float(np.sqrt(max(beyond, 0.0))))
 
@@ -184,8 +209,8 @@ def choose_batch(measured: np.ndarray, values: np.ndarray, measured_scores: np.n
                  candidates: np.ndarray, candidate_scores: np.ndarray, parent: np.ndarray, batch: int,
                  rule: Acquisition,
                  members: int = 10, fit_seed: int = 0, draw_seed: int = 0,
-                 pairwise: bool = True, positional: bool = True,
-                 ca: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # fmt: skip
+                 pairwise: bool = True, positional: bool = True, ca: np.ndarray | None = None,
+                 substituted: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # fmt: skip
     """The batch of ``candidates`` (indices, best first) that ``rule`` picks from the ensemble fitted on the
     measured variants, and the ensemble's mean and uncertainty (the members' spread and the ensemble's
     `error`, in quadrature) for every candidate; the model scores are
@@ -193,7 +218,7 @@ def choose_batch(measured: np.ndarray, values: np.ndarray, measured_scores: np.n
     measured_scores = measured_scores.reshape(len(measured), -1)
     candidate_scores = candidate_scores.reshape(len(candidates), -1)
     ensemble = fit_ensemble(
-        measured, values, measured_scores, parent, members, fit_seed, pairwise, positional, ca
+        measured, values, measured_scores, parent, members, fit_seed, pairwise, positional, ca, substituted
     )
     predictions = ensemble.predict(candidates, candidate_scores)
     picked = top_batch(acquisition_values(predictions, rule, draw_seed), batch)
