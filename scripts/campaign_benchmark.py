@@ -18,8 +18,9 @@ quarter the zero-shot model's best; `zero_shot_top`: only its best), then `--rou
 Methods, in the same runs:
 
 - dpo_inv: what `dpo-inv propose` does — adapt the model to the measurements (on scans; `--adapt` on a
-  landscape too), then the ensemble ridge on one-hot, mutated-position, nearness, pair and model-score
-  features (zero-shot, and the adapted model's: cross-fitted on the measured variants), Thompson sampling;
+  landscape too), then the ensemble ridge on one-hot, mutated-position, nearness, pair (a landscape) or
+  amino-acid count (a scan) and model-score features (zero-shot, and the adapted model's: cross-fitted on
+  the measured variants), Thompson sampling;
 - augmented_ridge: the same ensemble and batch rule on one-hot and zero-shot features (MLDE-style);
 - greedy_zero_shot: the zero-shot joint score's best not yet measured;
 - random.
