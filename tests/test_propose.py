@@ -23,7 +23,7 @@ from dpo_inv.tools.acquisition import (
     choose_batch,
     fit_ensemble,
     nearness,
-    substitution_features,
+    shared_features,
     zero_shot_batch,
 )
 from dpo_inv.tools.adapt import AdaptOptions, train_head, variant_set
@@ -337,7 +337,7 @@ def test_mutations_to_one_residue_inform_that_residue_at_positions_never_measure
         assert (rho > 0.95) if substituted else np.ptp(mean) < 1e-9, rho
     double = parent.copy()
     double[[0, 5]] = ALPHABET.index("W")
-    counts = substitution_features(np.stack([parent, double]), parent)
+    counts = shared_features(np.stack([parent, double]), parent, np.zeros((len(parent), 0)), True)
     assert counts.sum(1).tolist() == [0, 2] and counts[1, ALPHABET.index("W")] == 2
     few = np.flatnonzero(np.isin(positions, np.unique(positions[measured])[:4]))
     assert not fit_ensemble(variants[few], values[few], zero[few, None], parent).substituted

@@ -39,27 +39,24 @@ def nearness(ca: np.ndarray, positions: np.ndarray) -> np.ndarray:
     return near
 
 
-def near_features(variants: np.ndarray, parent: np.ndarray, near: np.ndarray) -> np.ndarray:
-    """``[R, M]``: per variant, the sum over its mutations of their nearness (``near [L, M]``) to M
-    positions."""
-    out = np.zeros((len(variants), near.shape[1]))
-    if not near.shape[1]:  # no nearness features: nothing to compare
-        return out
+def shared_features(variants: np.ndarray, parent: np.ndarray, near: np.ndarray, substituted: bool,
+                    vocab: int = 21) -> np.ndarray:  # fmt: skip
+    """``[R, M + A]``: what mutations at different positions share, per variant: the sum over its mutations
+    of their nearness (``near [L, M]``) to M positions, and (A = ``vocab`` where ``substituted``, else 0)
+    how many of its mutations are to each residue."""
+    M = near.shape[1]
+    out = np.zeros((len(variants), M + (vocab if substituted else 0)))
     for start in range(0, len(variants), ROWS_PER_CHUNK):  # a chunk's [rows, L] mask at a time
-        changed = variants[start : start + ROWS_PER_CHUNK] != parent[None, :]
-        positions = np.flatnonzero(changed.any(0))
-        out[start : start + ROWS_PER_CHUNK] = changed[:, positions].astype(np.float64) @ near[positions]
-    return out
-
-
-def substitution_features(variants: np.ndarray, parent: np.ndarray, vocab: int = 21) -> np.ndarray:
-    """``[R, vocab]``: per variant, how many of its mutations are to each residue."""
-    out = np.zeros((len(variants), vocab))
-    for start in range(0, len(variants), ROWS_PER_CHUNK):
         chunk = variants[start : start + ROWS_PER_CHUNK]
-        rows, positions = np.nonzero(chunk != parent[None, :])
-        counts = np.bincount(rows * vocab + chunk[rows, positions], minlength=len(chunk) * vocab)
-        out[start : start + ROWS_PER_CHUNK] = counts.reshape(len(chunk), vocab)
+        changed = chunk != parent[None, :]
+        block = out[start : start + ROWS_PER_CHUNK]
+        if M:
+            positions = np.flatnonzero(changed.any(0))
+            block[:, :M] = changed[:, positions].astype(np.float64) @ near[positions]
+        if substituted:
+            row, position = np.nonzero(changed)
+            counts = np.bincount(row * vocab + chunk[row, position], minlength=len(chunk) * vocab)
+            block[:, M:] = counts.reshape(len(chunk), vocab)
     return out
 
 
@@ -123,7 +120,7 @@ class Ensemble:
     def predict(self, variants: np.ndarray, scores: np.ndarray) -> np.ndarray:
         """``[E, R]``: each member's prediction for each variant (``scores [R, S]``)."""
         columns = self.columns_of.columns(variants)
-        shared = self.shared_features(variants)
+        shared = shared_features(variants, self.parent, self.near, self.substituted, self.columns_of.vocab)
         F = self.columns_of.num_features
         out = np.empty((len(self.weights), len(variants)))
         for e, (weights, intercept) in enumerate(zip(self.weights, self.intercepts, strict=True)):
@@ -131,14 +128,6 @@ class Ensemble:
             out[e] = table[columns].sum(1) + shared @ weights[F : F + shared.shape[1]]
             out[e] += scores / self.score_scales @ weights[F + shared.shape[1] :] + intercept
         return out
-
-    def shared_features(self, variants: np.ndarray) -> np.ndarray:
-        """``[R, M + A]``: the features mutations at different positions share, the nearness and (where
-        `substituted`) the mutations to each residue."""
-        near = near_features(variants, self.parent, self.near)
-        if not self.substituted:
-            return near
-        return np.hstack([near, substitution_features(variants, self.parent, self.columns_of.vocab)])
 
 
 def fit_ensemble(variants: np.ndarray, values: np.ndarray, scores: np.ndarray, parent: np.ndarray,
@@ -156,8 +145,8 @@ def fit_ensemble(variants: np.ndarray, values: np.ndarray, scores: np.ndarray, p
     near = np.zeros((len(parent), 0)) if ca is None else nearness(ca, varied)
     scales = np.std(scores, axis=0)
     scales[scales == 0] = 1.0
-    unfitted = Ensemble(columns_of, np.zeros((0, 0)), np.zeros(0), scales, parent, near, substituted, 0.0)
-    features = np.hstack([columns_of.dense(variants), unfitted.shared_features(variants), scores / scales])
+    shared = shared_features(variants, parent, near, substituted, columns_of.vocab)
+    features = np.hstack([columns_of.dense(variants), shared, scores / scales])
     alpha, out_of_fold = cross_validated(features, values, scores.shape[1], seed)
     rng = np.random.default_rng(seed)
     weights, intercepts = [], []
@@ -166,7 +155,9 @@ def fit_ensemble(variants: np.ndarray, values: np.ndarray, scores: np.ndarray, p
         ridge = fit_ridge(features[rows], values[rows], alpha, scores.shape[1])
         weights.append(ridge.weights)
         intercepts.append(ridge.intercept)
-    ensemble = replace(unfitted, weights=np.array(weights), intercepts=np.array(intercepts))
+    ensemble = Ensemble(
+        columns_of, np.array(weights), np.array(intercepts), scales, parent, near, substituted, 0.0
+    )
     beyond = np.mean((values - out_of_fold) ** 2) - np.mean(ensemble.predict(variants, scores).var(0))
     return replace(ensemble, error=float(np.sqrt(max(beyond, 0.0))))
 
