@@ -92,7 +92,7 @@ def plot_campaign(path: Path, outcomes: list[RoundOutcome], lower_is_better: boo
         right.plot([low, high], [low, high], color="grey", linewidth=0.8, linestyle="--")
         right.legend(fontsize=8)
     else:
-        note = "no measured round was predicted yet\n(a first round is picked by the zero-shot score)"
+        note = "no round picked by the predictor\nhas been measured yet"
         right.text(0.5, 0.5, note, ha="center", va="center", transform=right.transAxes, fontsize=9)
     right.set_xlabel("predicted ± uncertainty")
     right.set_ylabel("measured")
