@@ -138,10 +138,10 @@ def side(name: str, args: argparse.Namespace) -> None:
     faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     ms = timed(step, args.repeats)
     faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults) // (args.repeats + 2)
-    peak_gb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+    peak_gib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
     print(json.dumps({"ms": ms, "chains": len(batch["mask"]), "residues": int(batch["mask"].sum()),
                       "padded_length": batch["mask"].shape[1], "page_faults_per_step": faults,
-                      "peak_memory_gb": peak_gb}))  # fmt: skip
+                      "peak_memory_gib": peak_gib}))  # fmt: skip
 
 
 def main() -> None:
@@ -172,12 +172,12 @@ def main() -> None:
             lines.append(json.loads(done.stdout))
     result = {name: round(min(line["ms"] for line in lines), 1) for name, lines in runs.items()}
     faults = {name: min(line["page_faults_per_step"] for line in lines) for name, lines in runs.items()}
-    peak = {name: round(max(line["peak_memory_gb"] for line in lines), 2) for name, lines in runs.items()}
+    peak = {name: round(max(line["peak_memory_gib"] for line in lines), 2) for name, lines in runs.items()}
     first = runs["dpo_inv"][0]
     print(json.dumps({"structures": args.structures, "chains": first["chains"], "residues": first["residues"],
                       "padded_length": first["padded_length"], "threads": args.threads,
                       "official_reusing_memory": args.official_reusing_memory, "ms_per_step": result,
-                      "page_faults_per_step": faults, "peak_memory_gb": peak,
+                      "page_faults_per_step": faults, "peak_memory_gib": peak,
                       "speedup": round(result["official"] / result["dpo_inv"], 2)}))  # fmt: skip
 
 
