@@ -166,8 +166,9 @@ def main() -> None:
         for name, lines in runs.items():
             command = [sys.executable, __file__, "--side", name, *sys.argv[1:]]
             done = subprocess.run(command, capture_output=True, text=True)
-            if done.returncode:
-                print(done.stderr.strip().splitlines()[-1], file=sys.stderr)
+            if done.returncode:  # its last line, or how it ended (killed for memory, say: no line)
+                said = done.stderr.strip().splitlines() or [f"the {name} side ended: {done.returncode}"]
+                print(said[-1], file=sys.stderr)
                 raise SystemExit(2)
             lines.append(json.loads(done.stdout))
     result = {name: round(min(line["ms"] for line in lines), 1) for name, lines in runs.items()}
