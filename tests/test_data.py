@@ -15,7 +15,7 @@ import dpo_inv.data.featurized as featurized
 from dpo_inv.data.batches import BATCH_STRUCTURE_KEYS, ExampleDataset, LengthGroupedSampler, collate
 from dpo_inv.data.dataset import VARIANTS, RecordSet, load_records
 from dpo_inv.data.featurized import MIN_STRUCTURES_PER_PROCESS, build_structures, parse_processes
-from dpo_inv.data.records import DataError
+from dpo_inv.data.records import DataError, read_records
 from dpo_inv.structures.parse import ALPHABET
 
 TRAIN = SHARED_DATA / "train.jsonl"
@@ -338,6 +338,15 @@ def test_json_list_and_csv_problems_name_the_record_or_line(tmp_path, cache_dir)
     csv.write_bytes(b"pdb_file,preferred_seq,unpreferred_seq\na.pdb,A,A\nb\xff.pdb,A,A\n")
     with pytest.raises(DataError, match=rf"^{csv}:3: not UTF-8 text \(byte 0xff at column 2\)"):
         load_records(csv, cache_dir=cache_dir)
+
+
+def test_reading_a_table_from_python_draws_no_progress_bar(tmp_path, capfd):
+    path = tmp_path / "measured.csv"
+    path.write_text("mutant,DMS_score\nA1C,0.5\nA1D,-0.2\n")
+    assert [r.data["DMS_score"] for r in read_records(str(path))] == [0.5, -0.2]
+    assert datasets.is_progress_bar_enabled()  # left as it was
+    captured = capfd.readouterr()
+    assert "Generating" not in captured.err + captured.out
 
 
 def test_many_bad_records_are_reported_together_up_to_a_limit(tmp_path, cache_dir):

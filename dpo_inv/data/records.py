@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Any, Union
 
 import datasets
 
+from dpo_inv.data.progress import quiet_datasets
+
 if TYPE_CHECKING:
     import pandas
 
@@ -155,7 +157,8 @@ def _read_table(path: Path, builder: str) -> list[Record]:
                     if duplicated:
                         raise DataError(f"{path}:1: duplicate column {', '.join(map(repr, duplicated))}")
     try:
-        table = datasets.load_dataset(builder, data_files=str(path), split="train")
+        with quiet_datasets():
+            table = datasets.load_dataset(builder, data_files=str(path), split="train")
     except (datasets.exceptions.DatasetGenerationError, StopIteration, ValueError) as err:
         raise DataError(f"{path}: cannot read {builder} data ({type(err).__name__}: {err})") from None
     if builder == "csv":  # the header is line 1
