@@ -197,6 +197,14 @@ def test_a_campaign_round_after_round_on_measured_stability(tmp_path):
     assert result.returncode == 0, result.stderr
     summary = json.loads(result.stdout.splitlines()[-1])
     assert summary["round"] == 1 and summary["measured"] == 96 and summary["proposed"] == 8
+    # how the zero-shot model ranks what was measured before the campaign (its score of a single: `scan`'s)
+    import dpo_inv
+
+    scanned = {row["mutant"]: row["delta_logp"] for row in dpo_inv.scan("vanilla/v_48_020", STRUCTURE)}
+    zero_shot = np.array([scanned[r["mutation"]] for r in rows])
+    expected = spearman(zero_shot, np.array([r["label"] for r in rows]))
+    assert summary["last_round"]["round"] == 0 and summary["last_round"]["spearman_predicted"] is None
+    assert summary["last_round"]["spearman_zero_shot"] == pytest.approx(expected, abs=5e-3)
     lines = (campaign / "round_1" / "proposals.csv").read_text().splitlines()
     header = lines[0].split(",")
     first = dict(zip(header, lines[1].split(","), strict=True))

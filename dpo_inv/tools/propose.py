@@ -212,8 +212,11 @@ def read_campaign_measurements(folder: Path, config: ProposeConfig) -> list[Meas
     return rows
 
 
-def round_outcomes(folder: Path, config: ProposeConfig, space: DesignSpace) -> list[RoundOutcome]:
-    """Each measured round's values and, for its proposals that were measured, what was predicted."""
+def round_outcomes(folder: Path, config: ProposeConfig, space: DesignSpace,
+                   zero_shot_of: dict[bytes, float] | None = None) -> list[RoundOutcome]:  # fmt: skip
+    """Each measured round's values and, for its proposals that were measured, what was predicted; for
+    measurements made before the campaign (no proposals), their zero-shot scores where ``zero_shot_of``
+    (a measured variant's key to its score) has them."""
     outcomes = []
     for n in rounds_of(folder):
         path = folder / f"round_{n}" / "measurements.csv"
@@ -222,7 +225,14 @@ def round_outcomes(folder: Path, config: ProposeConfig, space: DesignSpace) -> l
         measured = {_key(variant_tokens(space, row)): row.value
                     for row in read_measurements(path, config.value_field)}  # fmt: skip
         proposals = folder / f"round_{n}" / "proposals.csv"
-        rows = list(csv.DictReader(proposals.open())) if proposals.exists() else []
+        if not proposals.exists():  # measured before the campaign: what the zero-shot model said of it
+            known = [k for k in measured if k in (zero_shot_of or {})]
+            nothing = np.full(len(known), np.nan)
+            outcomes.append(RoundOutcome(n, np.array(list(measured.values())), nothing, nothing,
+                                         np.array([zero_shot_of[k] for k in known]),
+                                         np.array([measured[k] for k in known])))  # fmt: skip
+            continue
+        rows = list(csv.DictReader(proposals.open()))
         found = [(row, measured[k]) for row in rows if (k := _key(tokenize(row["sequence"]))) in measured]
         rows, values = [row for row, _ in found], [value for _, value in found]
         outcomes.append(RoundOutcome(n, np.array(list(measured.values())), _column(rows, "predicted"),
@@ -473,7 +483,8 @@ def propose_round(config: ProposeConfig, model: ProteinMPNN | None = None) -> di
                "picked_by": why, "proposals": str(out / "proposals.csv"),
                "fasta": str(out / "proposals.fasta"),
                "best_measured": None if not len(values) else float(sign * values.max())}  # fmt: skip
-    outcomes = round_outcomes(folder, config, space)
+    zero_shot_of = {_key(v): float(score) for v, score in zip(measured, measured_scores[:, 0], strict=True)}
+    outcomes = round_outcomes(folder, config, space, zero_shot_of)
     if outcomes:
         summary["last_round"] = outcomes[-1].summary(config.lower_is_better)
         summary["picture"] = picture_or_note(lambda: draw_campaign(folder, config, outcomes))
