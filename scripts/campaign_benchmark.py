@@ -13,9 +13,8 @@ A landscape folder holds `landscape.json` (pdb_file, chain_id, wildtype_seq, sit
 beside it) or variant records with `pdb_file`, `sequence` and the value (one campaign per structure). The
 oracle reveals only what was proposed; the candidates are the measured variants (combinations never
 measured cannot be proposed). Each campaign measures `--initial` variants (at random; with
-`--first_round zero_shot` as `propose` picks a first batch, three quarters covering the substitutions in
-the parent's context, a quarter the zero-shot model's best; `zero_shot_top`: only its best), then `--rounds`
-batches of `--batch`.
+`--first_round zero_shot` as `propose` picks a first batch, three quarters covering the residues and a
+quarter the zero-shot model's best; `zero_shot_top`: only its best), then `--rounds` batches of `--batch`.
 Methods, in the same runs:
 
 - dpo_inv: what `dpo-inv propose` does — adapt the model to the measurements (on scans; `--adapt` on a

@@ -390,20 +390,6 @@ def test_a_first_batch_covers_the_residues_the_zero_shot_best_leaves_out():
     assert sorted(everything) == list(range(len(candidates)))
 
 
-def test_a_first_batch_measures_each_substitution_in_the_parents_context():
-    """A substitution is covered by its single mutant where the space has it (as a site-saturation scan
-    reads it, against the parent), though a combination holding it scores higher; else by the holder with
-    the fewest other mutations."""
-    parent = np.zeros(3, dtype=int)
-    candidates = np.array([(1, 1, 1), (2, 2, 2), (1, 2, 1), (2, 2, 0), (1, 0, 0), (0, 1, 0), (0, 0, 1)])
-    scores = np.array([10.0, 9.0, 5.0, 3.0, 1.0, 0.5, 0.2])
-    picked, covering = zero_shot_batch(candidates, scores, parent, 6)
-    # covering, best-scored first: 2 at the third site (only 2,2,2 holds it), 2 at the first and second
-    # (2,2,0: two mutations, not three), 1 at the first and second (their singles); the rest: the best left
-    assert [tuple(c) for c in candidates[picked[covering]]] == [(2, 2, 2), (2, 2, 0), (1, 0, 0), (0, 1, 0)]
-    assert list(picked) == [0, 1, 2, 3, 4, 5] and list(covering) == [False, True, False, True, True, True]
-
-
 def test_a_list_of_candidates_is_the_space(tmp_path, model):
     """`candidates`: only the variants of the file are proposed (its duplicates once); a file without a
     variant column is one error naming its columns."""

@@ -10,9 +10,8 @@ on bootstrap resamples of the measurements give a mean and a spread. A predictio
 spread and the error cross-validation finds beyond it (what the members agree on and still get wrong on
 measurements they were not fitted on). The batch is the B candidates not yet measured with the highest
 draw: Thompson sampling (each candidate's value drawn from one member), UCB (mean + spread) or greedy (mean).
-Before there is anything to fit on, the batch is the zero-shot score's: three quarters covering the
-substitutions of the space, each in the parent's context (its single mutant) where the space has it, a quarter
-its best (`zero_shot_batch`).
+Before there is anything to fit on, the batch is the zero-shot score's: three quarters covering the residues
+of the space, a quarter its best (`zero_shot_batch`).
 """
 
 from __future__ import annotations
@@ -179,25 +178,19 @@ def top_batch(values: np.ndarray, batch: int) -> np.ndarray:
 
 def zero_shot_batch(candidates: np.ndarray, scores: np.ndarray, parent: np.ndarray,
                     batch: int) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
-    """A first batch from the zero-shot ``scores`` alone: ``3 * batch // 4`` candidates cover the space's
-    substitutions, each in the parent's context as far as the space allows (its single mutant; else the
-    candidate holding it with the fewest other mutations, the best-scored of those), the substitutions whose
-    holder scores highest first; the rest are the best-scored candidates not yet picked. Returns the picked
-    indices, best-scored first, and whether each was picked to cover the space."""
+    """A first batch from the zero-shot ``scores`` alone: ``3 * batch // 4`` candidates cover the space, each
+    the best-scored candidate holding one residue at one varied position (the residues whose best candidate
+    scores highest first), the rest are the best-scored candidates not yet picked. Returns the picked indices,
+    best-scored first, and whether each was picked to cover the space."""
     order = np.argsort(-scores, kind="stable")
-    mutated = candidates != parent[None, :]
-    varied = np.flatnonzero(mutated.any(0))
-    order = order[np.argsort(mutated.sum(1)[order], kind="stable")]  # fewest mutations, then best-scored
-    del mutated
-    holding = []  # per substitution (position, residue): its holder
+    varied = np.flatnonzero((candidates != parent[None, :]).any(0))
+    best_holding = []  # per (position, residue): the best-scored candidate holding it
     for position in varied:
-        mutated_here = order[candidates[order, position] != parent[position]]
-        _, first = np.unique(candidates[mutated_here, position], return_index=True)
-        holding.append(mutated_here[first])
-    holders = np.unique(np.concatenate(holding))
+        _, first = np.unique(candidates[order, position], return_index=True)
+        best_holding.append(order[first])
+    holders = np.unique(np.concatenate(best_holding))
     covering = holders[np.argsort(-scores[holders], kind="stable")][: 3 * batch // 4]
-    best = np.argsort(-scores, kind="stable")
-    rest = best[~np.isin(best, covering)][: batch - len(covering)]
+    rest = order[~np.isin(order, covering)][: batch - len(covering)]
     picked = np.concatenate([covering, rest])
     picked = picked[np.argsort(-scores[picked], kind="stable")]
     return picked, np.isin(picked, covering)

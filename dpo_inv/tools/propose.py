@@ -456,7 +456,7 @@ def propose_round(config: ProposeConfig, model: ProteinMPNN | None = None) -> di
         picked, covering = zero_shot_batch(candidates, candidate_scores[:, 0], space.parent, batch)
         mean = uncertainty = np.full(len(candidates), np.nan)
         rules = ["zero_shot_coverage" if c else "zero_shot" for c in covering]
-        why = (f"zero-shot joint delta_logp, its best and the space's substitutions in the parent's context "
+        why = (f"zero-shot joint delta_logp, its best and covering the space's residues "
                f"({len(measured)} measured, fewer than {MIN_MEASURED} to fit on)")  # fmt: skip
     sign = -1.0 if config.lower_is_better else 1.0
     n = last + 1
