@@ -226,10 +226,11 @@ def round_outcomes(folder: Path, config: ProposeConfig, space: DesignSpace,
                     for row in read_measurements(path, config.value_field)}  # fmt: skip
         proposals = folder / f"round_{n}" / "proposals.csv"
         if not proposals.exists():  # measured before the campaign: what the zero-shot model said of it
-            known = [k for k in measured if k in (zero_shot_of or {})]
+            scores = zero_shot_of or {}
+            known = [k for k in measured if k in scores]
             nothing = np.full(len(known), np.nan)
             outcomes.append(RoundOutcome(n, np.array(list(measured.values())), nothing, nothing,
-                                         np.array([zero_shot_of[k] for k in known]),
+                                         np.array([scores[k] for k in known]),
                                          np.array([measured[k] for k in known])))  # fmt: skip
             continue
         rows = list(csv.DictReader(proposals.open()))
