@@ -54,7 +54,7 @@ from dpo_inv.structures.parse import ALPHABET
 from dpo_inv.tools.acquisition import choose_batch, top_batch, zero_shot_batch
 from dpo_inv.tools.adapt import AdaptOptions, VariantSet, choose_and_train, variant_set
 from dpo_inv.tools.design_space import read_design_space
-from dpo_inv.tools.propose import ADAPTED_ORDERS, example_ca, measured_variants, zero_shot
+from dpo_inv.tools.propose import ADAPTED_ORDERS, NOISE_LEVELS, example_ca, measured_variants, zero_shot
 
 METHODS = ("dpo_inv", "augmented_ridge", "greedy_zero_shot", "random")
 CPU = torch.device("cpu")
@@ -67,31 +67,33 @@ class Problem:
     name: str
     variants: np.ndarray  # [N, L] tokens
     values: np.ndarray  # [N] higher = better
-    scores: np.ndarray  # [N] zero-shot joint delta_logp
+    scores: np.ndarray  # [N] zero-shot joint delta_logp (the models' mean)
     parent: np.ndarray  # [L]
-    model: ProteinMPNN
+    model: ProteinMPNN  # the one adapted
     train_set: Callable[[np.ndarray], VariantSet] | None  # the measured rows' set (None: no adapting)
     predict: Callable[[ProteinMPNN], np.ndarray]  # every variant's delta_logp under a model
     fraction: str  # "ratio" (best found / the best there is) or "rank" (the share no better than it)
     ca: np.ndarray  # [L, 3] the residues' Cα coordinates (nearness features)
 
 
-def problem(name: str, structure: str, chain: str, rows: list, model: ProteinMPNN, adapt: bool,
+def problem(name: str, structure: str, chain: str, rows: list, models: list[ProteinMPNN], adapt: bool,
             fraction: str) -> Problem:  # fmt: skip
-    """The problem of measured ``rows`` (`Measurement`s) on ``structure``'s chain."""
+    """The problem of measured ``rows`` (`Measurement`s) on ``structure``'s chain: the zero-shot score the
+    mean of ``models``' joint scores, the first of them the one adapted."""
+    model = models[0]
     space, example = read_design_space(structure, [chain])
     variants, values = measured_variants(space, rows)
     parent = torch.from_numpy(space.parent)
     batch = collate([{**example, "wildtype": parent}])
     if (variants != space.parent).sum(1).max() == 1:  # single mutants: the states of every one, once
         full = variant_set(model, batch, variants, values, None)
-        scores = full.reference.numpy().astype(np.float64)
+        scores = np.mean([variant_set(m, batch, variants, values, None).reference.numpy() for m in models], 0)
 
         def predict(m: ProteinMPNN) -> np.ndarray:
             with torch.no_grad():
                 return full.deltas(m).numpy().astype(np.float64)
     else:
-        scores = zero_shot(model, example, space, variants, CPU)
+        scores = np.mean([zero_shot(m, example, space, variants, CPU) for m in models], 0)
 
         def predict(m: ProteinMPNN) -> np.ndarray:
             return zero_shot(m, example, space, variants, CPU, ADAPTED_ORDERS)
@@ -100,11 +102,11 @@ def problem(name: str, structure: str, chain: str, rows: list, model: ProteinMPN
         return variant_set(model, batch, variants[rows], values[rows], None, max_orders=ADAPTED_ORDERS)
 
     ca = example_ca(example, len(space.parent))
-    return Problem(name, variants, values, scores, space.parent, model, train_set if adapt else None, predict,
-                   fraction, ca)  # fmt: skip
+    return Problem(name, variants, values, scores.astype(np.float64), space.parent, model,
+                   train_set if adapt else None, predict, fraction, ca)  # fmt: skip
 
 
-def landscape_problem(folder: Path, model: ProteinMPNN, adapt: bool) -> Problem:
+def landscape_problem(folder: Path, models: list[ProteinMPNN], adapt: bool) -> Problem:
     """A combinatorially complete landscape (`landscape.json` + `variants.csv`)."""
     landscape = json.loads((folder / "landscape.json").read_text())
     with open(folder / "variants.csv") as handle:
@@ -122,10 +124,12 @@ def landscape_problem(folder: Path, model: ProteinMPNN, adapt: bool) -> Problem:
         rows.append(
             Measurement(":".join(mutations) or "WT", "mutations", float(row["fitness"]), "variants.csv")
         )
-    return problem(folder.name, str(folder / landscape["pdb_file"]), chain, rows, model, adapt, "ratio")
+    return problem(folder.name, str(folder / landscape["pdb_file"]), chain, rows, models, adapt, "ratio")
 
 
-def scan_problems(path: Path, args: argparse.Namespace, model: ProteinMPNN, adapt: bool) -> list[Problem]:
+def scan_problems(
+    path: Path, args: argparse.Namespace, models: list[ProteinMPNN], adapt: bool
+) -> list[Problem]:
     """One problem per structure of a scan: a ProteinGym CSV, or variant records with `pdb_file`."""
     if path.suffix == ".csv":
         structure, chain = args.structure, args.chain_id
@@ -136,7 +140,7 @@ def scan_problems(path: Path, args: argparse.Namespace, model: ProteinMPNN, adap
             entry = reference[path.name]
             structure, chain = str(path.parent / entry["pdb_file"]), entry.get("chain_id") or "A"
         rows = read_measurements(path, args.value_field)
-        return [problem(path.stem, structure, chain, rows, model, adapt, "rank")]
+        return [problem(path.stem, structure, chain, rows, models, adapt, "rank")]
     by_structure: dict[str, list] = {}
     for record in read_records(str(path)):
         by_structure.setdefault(record.data["pdb_file"], []).append(record)
@@ -146,7 +150,7 @@ def scan_problems(path: Path, args: argparse.Namespace, model: ProteinMPNN, adap
                             r.location) for r in records]  # fmt: skip
         chain = records[0].data.get("chain_id", "A")
         problems.append(problem(Path(pdb_file).name.split(".")[0], str(path.parent / pdb_file), chain, rows,
-                                model, adapt, "rank"))  # fmt: skip
+                                models, adapt, "rank"))  # fmt: skip
     return problems
 
 
@@ -222,7 +226,13 @@ def main() -> None:
     parser.add_argument(
         "--members", type=int, default=10, help="dpo_inv's ensemble members (propose's --members)."
     )
-    parser.add_argument("--model", default="vanilla/v_48_020")
+    parser.add_argument(
+        "--model",
+        nargs="+",
+        default=NOISE_LEVELS,
+        help="Models whose joint scores are averaged as the zero-shot score; the first is adapted (default: "
+        "propose's, ProteinMPNN's four noise levels).",
+    )
     parser.add_argument("--initial", type=int, default=96)
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--batch", type=int, default=96)
@@ -237,11 +247,11 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     start = time.time()
-    model = load_model(args.model).eval()
+    models = [load_model(name).eval() for name in args.model]
     if args.landscape:
-        problems = [landscape_problem(args.landscape, model, bool(args.adapt))]
+        problems = [landscape_problem(args.landscape, models, bool(args.adapt))]
     else:
-        problems = scan_problems(args.scan, args, model, args.adapt is not False)
+        problems = scan_problems(args.scan, args, models, args.adapt is not False)
     print(f"{len(problems)} proteins, {sum(len(p.values) for p in problems)} variants; zero-shot scored in "
           f"{time.time() - start:.0f} s", flush=True)  # fmt: skip
     results = {}

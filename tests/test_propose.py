@@ -28,7 +28,7 @@ from dpo_inv.tools.acquisition import (
 )
 from dpo_inv.tools.adapt import AdaptOptions, train_head, variant_set
 from dpo_inv.tools.design_space import read_design_space
-from dpo_inv.tools.propose import example_ca
+from dpo_inv.tools.propose import ProposeConfig, example_ca, settle_campaign
 
 STRUCTURE = EXAMPLE / "adapt" / "2jws_A_7-54.pdb.gz"
 LABELLED = EXAMPLE / "adapt" / "labelled.jsonl"
@@ -197,10 +197,15 @@ def test_a_campaign_round_after_round_on_measured_stability(tmp_path):
     assert result.returncode == 0, result.stderr
     summary = json.loads(result.stdout.splitlines()[-1])
     assert summary["round"] == 1 and summary["measured"] == 96 and summary["proposed"] == 8
-    # how the zero-shot model ranks what was measured before the campaign (its score of a single: `scan`'s)
+    # how the zero-shot score ranks what was measured before the campaign: of a single, the mean of the four
+    # noise levels' `scan` scores
     import dpo_inv
 
-    scanned = {row["mutant"]: row["delta_logp"] for row in dpo_inv.scan("vanilla/v_48_020", STRUCTURE)}
+    scans = [
+        dpo_inv.scan(f"vanilla/v_48_0{noise}", STRUCTURE, decoding_order="left_to_right")
+        for noise in ("20", "02", "10", "30")
+    ]
+    scanned = {row["mutant"]: np.mean([s[i]["delta_logp"] for s in scans]) for i, row in enumerate(scans[0])}
     zero_shot = np.array([scanned[r["mutation"]] for r in rows])
     expected = spearman(zero_shot, np.array([r["label"] for r in rows]))
     assert summary["last_round"]["round"] == 0 and summary["last_round"]["spearman_predicted"] is None
@@ -214,6 +219,7 @@ def test_a_campaign_round_after_round_on_measured_stability(tmp_path):
     assert len(proposed) == 8 and not set(proposed) & measured
     assert all(m[1:-1] in ("8", "37", "40") for m in proposed)
     assert float(first["uncertainty"]) > 0 and first["picked_by"] == "thompson"
+    assert float(first["zero_shot_delta_logp"]) == pytest.approx(scanned[first["mutations"]], abs=5e-3)
     assert (campaign / "round_1" / "proposals.fasta").read_text().count(">round1_") == 8
     adaptation = json.loads((campaign / "round_1" / "adapt.json").read_text())
     assert adaptation["decision"] in summary["picked_by"]
@@ -259,6 +265,7 @@ def test_a_campaign_round_after_round_on_measured_stability(tmp_path):
         ((), "mutations,value\nE8P,nan\n", "value must be a finite number"),
         ((), "mutations,value\nE8P,1\nE8P,2\n", "E8P measured 2 here and 1 at"),
         ((), "mutations,value\nK8P,1\n", "the parent has E at 8, not K"),
+        (("--model", "vanilla/v_48_020", "ligand/v_32_010_25"), None, "average models of one kind"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, options, measurements, message):
@@ -270,7 +277,17 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, options, measurement
         run_command("propose", args)
     err = capsys.readouterr().err
     assert exit_.value.code == 2 and message in err and len(err.strip().splitlines()) == 1, err
-    assert not (tmp_path / "c" / "round_1").exists()
+    assert not (tmp_path / "c").exists()  # nothing written: the call can be given again, mended
+
+
+def test_a_campaign_started_with_one_model_goes_on_with_it(tmp_path):
+    """A campaign.json that names its model as a string (one model) keeps that model."""
+    (tmp_path / "campaign.json").write_text(
+        json.dumps({"structure": str(STRUCTURE), "model": "vanilla/v_48_010"})
+    )
+    config = settle_campaign(ProposeConfig(campaign=str(tmp_path)))
+    assert config.model == ["vanilla/v_48_010"] and config.structure == str(STRUCTURE)
+    assert ProposeConfig(campaign="c").model[0] == "vanilla/v_48_020"  # the default: the one adapted first
 
 
 def test_propose_from_python_with_a_model_object(tmp_path, model):

@@ -16,7 +16,7 @@ import json
 import shutil
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -43,6 +43,8 @@ from dpo_inv.tools.sample import prepare_design
 from dpo_inv.training.launch import resolve_device, reuse_freed_memory
 
 CAMPAIGN_FILE = "campaign.json"
+# the zero-shot score's models: ProteinMPNN's four noise levels, the one adapted (the default) first
+NOISE_LEVELS = ["vanilla/v_48_020", "vanilla/v_48_002", "vanilla/v_48_010", "vanilla/v_48_030"]
 MIN_MEASURED = 8  # fewer measurements: the batch is the zero-shot score's (`zero_shot_batch`)
 # the adapted model trains on and scores one order of a combination's mutated positions (four: 3.4x as long)
 ADAPTED_ORDERS = 1
@@ -78,9 +80,12 @@ class ProposeConfig(ModelOptions):
         default=None,
         metadata={"help": "A file of candidate variants (mutations, mutant or sequence) instead of a space."},
     )
-    model: str = field(
-        default="vanilla/v_48_020", metadata={"help": "Model name, .pt file or saved directory."}
-    )
+    model: list[str] = field(
+        default_factory=lambda: list(NOISE_LEVELS),
+        metadata={"help": "Models (names, .pt files or saved directories) whose joint scores, averaged, are "
+                  "the zero-shot score; the first is the one adapted and sampled from (default: "
+                  "ProteinMPNN's four noise levels, vanilla/v_48_020 first)."},
+    )  # fmt: skip
     measurements: str | None = field(
         default=None, metadata={"help": "Measurements made before the campaign, copied into round_0."}
     )
@@ -133,8 +138,8 @@ ROUND_FIELDS = ("batch_size", "acquisition", "members", "adapt")
 
 
 def settle_campaign(config: ProposeConfig) -> ProposeConfig:
-    """The campaign's settings: written by the first call, read by the next; a design option given again
-    with another value is bad input."""
+    """The campaign's settings: those given to the first call (saved with its round), then those saved; a
+    design option given again with another value is bad input."""
     folder = Path(config.campaign)
     path = folder / CAMPAIGN_FILE
     defaults = ProposeConfig(campaign=config.campaign)
@@ -145,11 +150,11 @@ def settle_campaign(config: ProposeConfig) -> ProposeConfig:
         for name in ("structure", "candidates"):
             if saved[name] is not None:
                 saved[name] = str(Path(saved[name]).resolve())
-        if saved["model"] and Path(saved["model"]).exists():
-            saved["model"] = str(Path(saved["model"]).resolve())
-        write_json(path, saved)
+        saved["model"] = [str(Path(m).resolve()) if Path(m).exists() else m for m in saved["model"]]
         return ProposeConfig(**{**asdict(config), **saved})
     saved = {name: getattr(defaults, name) for name in DESIGN_FIELDS} | json.loads(path.read_text())
+    if isinstance(saved["model"], str):  # a campaign started with one model
+        saved["model"] = [saved["model"]]
     for name in ROUND_FIELDS:
         if getattr(config, name) != getattr(defaults, name):
             saved[name] = getattr(config, name)
@@ -157,6 +162,8 @@ def settle_campaign(config: ProposeConfig) -> ProposeConfig:
         given, default = getattr(config, name), getattr(defaults, name)
         if given != default and name in ("structure", "candidates") and given is not None:
             given = str(Path(given).resolve())
+        if given != default and name == "model":
+            given = [str(Path(m).resolve()) if Path(m).exists() else m for m in given]
         if given != default and given != saved[name]:
             raise ValueError(
                 f"{path}: the campaign was started with {name} = {saved[name]!r}, not "
@@ -377,40 +384,39 @@ def adaptation_report(adapted: Adapted) -> dict[str, Any]:
             "cv_spearman_augmented_ridge": round_metric(adapted.ridge_mean)}  # fmt: skip
 
 
-def model_scores(config: ProposeConfig, model: ProteinMPNN, example: dict[str, Any], space: DesignSpace,
-                 candidates: np.ndarray, measured: np.ndarray, values: np.ndarray,
+def model_scores(config: ProposeConfig, models: list[ProteinMPNN], example: dict[str, Any],
+                 space: DesignSpace, candidates: np.ndarray, measured: np.ndarray, values: np.ndarray,
                  device: torch.device) -> tuple[np.ndarray, Adapted | None]:  # fmt: skip
     """The model features of the candidates and then the measured variants, ``[C + N, S]``: the zero-shot
-    joint score, and where adapting keeps an adapted model its score (one order; of the measured variants
-    cross-fitted: by models that did not train on them, so that the ensemble weighs it by what it
-    predicts); and the adaptation, if one ran."""
+    joint score (the mean of ``models``'), and where adapting the first model keeps an adapted one its score
+    (one order; of the measured variants cross-fitted: by models that did not train on them, so that the
+    ensemble weighs it by what it predicts); and the adaptation, if one ran."""
     # sampled candidates mutate hundreds of position sets: one order each
     orders = 1 if sampled(space, config) else MAX_ORDERS
     everything = np.vstack([candidates, measured.astype(np.uint8)])
-    scores = zero_shot(model, example, space, everything, device, orders)[:, None]
+    scores = np.mean([zero_shot(m, example, space, everything, device, orders) for m in models], 0)[:, None]
     singles = (measured != space.parent).sum(1).max(initial=0) <= 1
     wanted = config.adapt == "yes" or (config.adapt == "auto" and singles)
     if not (wanted and len(measured) >= AdaptOptions.min_labels and np.ptp(values) > 0):
         return scores, None
-    adapted = adapt_to_measurements(model, example, space, measured, values, config.seed, device)
+    adapted = adapt_to_measurements(models[0], example, space, measured, values, config.seed, device)
     if adapted.decision == "adapted":
         tuned = zero_shot(adapted.model.eval(), example, space, candidates, device, ADAPTED_ORDERS)
         scores = np.hstack([scores, np.r_[tuned, adapted.out_of_fold[0]][:, None]])
     return scores, adapted
 
 
-def propose_round(config: ProposeConfig, model: ProteinMPNN | None = None) -> dict[str, Any]:
-    """Write the campaign's next round; returns its summary (round, counts, where the files are)."""
+def propose_round(config: ProposeConfig, models: list[ProteinMPNN] | None = None) -> dict[str, Any]:
+    """Write the campaign's next round (``models``: those `config.model` names, loaded); returns its summary
+    (round, counts, where the files are)."""
     start = time.time()
     reuse_freed_memory()
     config = settle_campaign(config)
     folder = Path(config.campaign)
-    if config.measurements:
-        round_0 = folder / "round_0" / "measurements.csv"
-        read_measurements(config.measurements, config.value_field)  # bad input before anything is copied
-        if not round_0.exists():
-            round_0.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(config.measurements, round_0)
+    round_0 = folder / "round_0" / "measurements.csv"
+    # measurements made before the campaign: copied into round_0 with the first round
+    before = read_measurements(config.measurements, config.value_field) if config.measurements else []
+    before = [] if round_0.exists() else before
     done = rounds_of(folder)
     last = max([n for n in done if n > 0], default=0)
     if last and not (folder / f"round_{last}" / "measurements.csv").exists():
@@ -418,21 +424,28 @@ def propose_round(config: ProposeConfig, model: ProteinMPNN | None = None) -> di
             f"{folder / f'round_{last}'}: its proposals await their measurements: write them to "
             f"{folder / f'round_{last}' / 'measurements.csv'} (mutations,value), then propose again"
         )
-    model = model or as_model(config.model)
+    models = models or [as_model(name) for name in config.model]
+    options = config.parse_options(models[0].config)
+    for name, other in zip(config.model[1:], models[1:], strict=True):
+        if config.parse_options(other.config) != options:
+            raise ValueError(
+                f"--model {config.model[0]} {name}: a LigandMPNN and a ProteinMPNN model read a structure "
+                "differently: average models of one kind"
+            )
     space, example = read_design_space(config.structure, config.chain_id, config.positions,
                                        config.allowed_aas, config.max_mutations, config.parent,
-                                       config.parse_options(model.config))  # fmt: skip
+                                       options)  # fmt: skip
     if config.candidates is None and config.max_mutations > len(space.positions):
         raise ValueError(
             f"--max_mutations {config.max_mutations}: only {len(space.positions)} positions may change; give "
             f"at most {len(space.positions)} or more --positions"
         )
-    rows = read_campaign_measurements(folder, config)
+    rows = read_campaign_measurements(folder, config) + before
     measured, values = measured_variants(space, rows)
     values = -values if config.lower_is_better else values
     device = resolve_device(config.device)
-    model = model.to(device).eval()
-    candidates = candidate_variants(space, config, model, example, device)
+    models = [m.to(device).eval() for m in models]
+    candidates = candidate_variants(space, config, models[0], example, device)
     if len(measured):
         candidates = candidates[~np.isin(_keys(candidates), _keys(measured.astype(np.uint8)))]
     if config.batch_size > len(candidates):
@@ -440,7 +453,7 @@ def propose_round(config: ProposeConfig, model: ProteinMPNN | None = None) -> di
             f"--batch_size {config.batch_size}: only {len(candidates)} candidates are left unmeasured; "
             "propose fewer or widen the design space"
         )
-    scores, adapted = model_scores(config, model, example, space, candidates, measured, values, device)
+    scores, adapted = model_scores(config, models, example, space, candidates, measured, values, device)
     candidate_scores, measured_scores = scores[: len(candidates)], scores[len(candidates) :]
     if len(measured) >= MIN_MEASURED and np.ptp(values) > 0:
         draw_seed = config.seed + len(measured)
@@ -479,6 +492,13 @@ def propose_round(config: ProposeConfig, model: ProteinMPNN | None = None) -> di
         write_json(staging / "adapt.json", adaptation_report(adapted))
         if adapted.decision == "adapted":
             adapted.model.save_pretrained(staging / "model")
+    if not (folder / CAMPAIGN_FILE).exists():
+        write_json(
+            folder / CAMPAIGN_FILE, {name: getattr(config, name) for name in (*DESIGN_FIELDS, *ROUND_FIELDS)}
+        )
+    if before:
+        round_0.parent.mkdir(exist_ok=True)
+        shutil.copyfile(config.measurements, round_0)
     staging.replace(out)
     summary = {"round": n, "measured": len(measured), "candidates": len(candidates), "proposed": len(picked),
                "picked_by": why, "proposals": str(out / "proposals.csv"),
@@ -504,7 +524,7 @@ def _number(value: float) -> str:
     return "" if not np.isfinite(value) else f"{value:.4f}"
 
 
-def run_campaign(config: ProposeConfig, model: ProteinMPNN | None = None,
+def run_campaign(config: ProposeConfig, models: list[ProteinMPNN] | None = None,
                  reward: RewardFunction | None = None) -> list[dict[str, Any]]:  # fmt: skip
     """`config.rounds` rounds; with a reward (``reward``, ``config.reward`` or ``config.reward_command``)
     each round's proposals are measured by it into `round_N/measurements.csv` before the next, and
@@ -514,7 +534,7 @@ def run_campaign(config: ProposeConfig, model: ProteinMPNN | None = None,
         raise ValueError(f"--rounds {config.rounds}: give --reward or --reward_command to measure each round")
     summaries = []
     for _ in range(config.rounds):
-        summary = propose_round(config, model)
+        summary = propose_round(config, models)
         if measured:
             measure_round(Path(summary["proposals"]), config, reward)
             summary["measured_by"] = (
@@ -541,20 +561,25 @@ def measure_round(proposals: Path, config: ProposeConfig, reward: RewardFunction
 
 def propose(
     campaign: str | Path,
-    model: ProteinMPNN | str = "vanilla/v_48_020",
+    model: ProteinMPNN | str | Path | Sequence[ProteinMPNN | str | Path] | None = None,
     reward: RewardFunction | str | None = None,
     **options: Any,
 ) -> dict[str, Any] | list[dict[str, Any]]:
     """Write the next round of the campaign in folder `campaign`, as `python -m dpo_inv propose` does;
-    `options` are the command's others (:class:`ProposeConfig`: `structure`, `chain_id`, `positions`,
+    `model` is its `--model` (a model, name or path, or several whose joint scores are averaged: default
+    ProteinMPNN's four noise levels); `options` are the command's others (:class:`ProposeConfig`: `structure`,
+    `chain_id`, `positions`,
     `allowed_aas`, `max_mutations`, `batch_size`, `rounds`, ...), with its defaults. Returns the round's
     summary; its proposals are in `summary["proposals"]`. With a `reward` (a function given the proposals
     as records — `pdb_file`, `design_chains`, `fixed_chains`, `sequence` — and returning one number each,
     or its `file.py:function` name), each round is measured by it before the next, and the list of the
     `rounds` summaries is returned."""
-    name = model if isinstance(model, str) else model.config.name_or_path
+    given = [] if model is None else [model] if isinstance(model, ProteinMPNN | str | Path) else list(model)
+    names = [str(m) if isinstance(m, str | Path) else m.config.name_or_path for m in given]
     named = reward if isinstance(reward, str) else None
-    config = ProposeConfig(campaign=str(campaign), model=str(name), reward=named, **options)
-    summaries = run_campaign(config, None if isinstance(model, str) else model,
+    chosen = {"model": names} if names else {}
+    config = ProposeConfig(campaign=str(campaign), reward=named, **chosen, **options)
+    objects = any(isinstance(m, ProteinMPNN) for m in given)
+    summaries = run_campaign(config, [as_model(m) for m in given] if objects else None,
                              None if named else reward)  # fmt: skip
     return summaries if reward is not None or config.reward_command else summaries[0]
