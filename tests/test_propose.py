@@ -220,7 +220,9 @@ def test_a_campaign_round_after_round_on_measured_stability(tmp_path):
     assert all(m[1:-1] in ("8", "37", "40") for m in proposed)
     assert float(first["uncertainty"]) > 0 and first["picked_by"] == "thompson"
     assert float(first["zero_shot_delta_logp"]) == pytest.approx(scanned[first["mutations"]], abs=5e-3)
-    assert (campaign / "round_1" / "proposals.fasta").read_text().count(">round1_") == 8
+    fasta = (campaign / "round_1" / "proposals.fasta").read_text()
+    assert fasta.count(">round1_") == 8
+    assert fasta.startswith(f">round1_001 {first['mutations']} predicted={first['predicted']} uncertainty=")
     adaptation = json.loads((campaign / "round_1" / "adapt.json").read_text())
     assert adaptation["decision"] in summary["picked_by"]
     assert (campaign / "round_1" / "model").exists() == (adaptation["decision"] == "adapted")
@@ -300,6 +302,8 @@ def test_propose_from_python_with_a_model_object(tmp_path, model):
     )
     lines = (tmp_path / "c" / "round_1" / "proposals.csv").read_text().splitlines()
     assert summary["candidates"] == 8 + 7 + 8 * 7 and len(lines) == 6
+    header = (tmp_path / "c" / "round_1" / "proposals.fasta").read_text().splitlines()[0]
+    assert header == f">round1_001 {lines[1].split(',')[1]} zero_shot_delta_logp={lines[1].split(',')[5]}"
     picked_by = [line.rsplit(",", 1)[1] for line in lines[1:]]
     assert sorted(picked_by) == ["zero_shot"] * 2 + ["zero_shot_coverage"] * 3
     scores = [float(line.split(",")[5]) for line in lines[1:]]

@@ -482,8 +482,9 @@ def propose_round(config: ProposeConfig, models: list[ProteinMPNN] | None = None
         mutations = space.mutations(candidates[i])
         table.append(f"{rank},{mutations},{sequence},{_number(sign * mean[i])},{_number(uncertainty[i])},"
                      f"{candidate_scores[i, 0]:.4f},{rule}")  # fmt: skip
-        fasta.append(f">round{n}_{rank:03d} {mutations} predicted={_number(sign * mean[i])} "
-                     f"uncertainty={_number(uncertainty[i])}\n{sequence}\n")  # fmt: skip
+        said = (f"predicted={sign * mean[i]:.4f} uncertainty={uncertainty[i]:.4f}" if np.isfinite(mean[i])
+                else f"zero_shot_delta_logp={candidate_scores[i, 0]:.4f}")  # fmt: skip
+        fasta.append(f">round{n}_{rank:03d} {mutations} {said}\n{sequence}\n")
     staging = folder / f".round_{n}.tmp"
     shutil.rmtree(staging, ignore_errors=True)
     write_text(staging / "proposals.csv", "\n".join(table) + "\n")
