@@ -40,6 +40,7 @@ import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 
 import numpy as np
@@ -49,12 +50,13 @@ from dpo_inv.data.batches import collate
 from dpo_inv.data.measurements import Measurement, read_measurements
 from dpo_inv.data.records import read_records
 from dpo_inv.models.mpnn import ProteinMPNN
+from dpo_inv.models.variants import spearman
 from dpo_inv.models.weights import load_model
 from dpo_inv.structures.parse import ALPHABET
 from dpo_inv.tools.acquisition import choose_batch, top_batch, zero_shot_batch
 from dpo_inv.tools.adapt import AdaptOptions, VariantSet, choose_and_train, variant_set
 from dpo_inv.tools.design_space import read_design_space
-from dpo_inv.tools.propose import ADAPTED_ORDERS, NOISE_LEVELS, example_ca, measured_variants, zero_shot
+from dpo_inv.tools.propose import ADAPTED_ORDERS, default_models, example_ca, measured_variants, zero_shot
 
 METHODS = ("dpo_inv", "augmented_ridge", "greedy_zero_shot", "random")
 CPU = torch.device("cpu")
@@ -76,13 +78,19 @@ class Problem:
     ca: np.ndarray  # [L, 3] the residues' Cα coordinates (nearness features)
 
 
-def problem(name: str, structure: str, chain: str, rows: list, models: list[ProteinMPNN], adapt: bool,
+@cache
+def loaded(name: str) -> ProteinMPNN:
+    return load_model(name).eval()
+
+
+def problem(name: str, structure: str, chain: str, rows: list, names: list[str] | None, adapt: bool,
             fraction: str) -> Problem:  # fmt: skip
     """The problem of measured ``rows`` (`Measurement`s) on ``structure``'s chain: the zero-shot score the
-    mean of ``models``' joint scores, the first of them the one adapted."""
-    model = models[0]
+    mean of the joint scores of the models ``names`` (default: `propose`'s), the first the one adapted."""
     space, example = read_design_space(structure, [chain])
     variants, values = measured_variants(space, rows)
+    models = [loaded(n) for n in names or default_models(variants, space.parent)]
+    model = models[0]
     parent = torch.from_numpy(space.parent)
     batch = collate([{**example, "wildtype": parent}])
     if (variants != space.parent).sum(1).max() == 1:  # single mutants: the states of every one, once
@@ -106,7 +114,7 @@ def problem(name: str, structure: str, chain: str, rows: list, models: list[Prot
                    train_set if adapt else None, predict, fraction, ca)  # fmt: skip
 
 
-def landscape_problem(folder: Path, models: list[ProteinMPNN], adapt: bool) -> Problem:
+def landscape_problem(folder: Path, models: list[str] | None, adapt: bool) -> Problem:
     """A combinatorially complete landscape (`landscape.json` + `variants.csv`)."""
     landscape = json.loads((folder / "landscape.json").read_text())
     with open(folder / "variants.csv") as handle:
@@ -128,7 +136,7 @@ def landscape_problem(folder: Path, models: list[ProteinMPNN], adapt: bool) -> P
 
 
 def scan_problems(
-    path: Path, args: argparse.Namespace, models: list[ProteinMPNN], adapt: bool
+    path: Path, args: argparse.Namespace, models: list[str] | None, adapt: bool
 ) -> list[Problem]:
     """One problem per structure of a scan: a ProteinGym CSV, or variant records with `pdb_file`."""
     if path.suffix == ".csv":
@@ -229,9 +237,8 @@ def main() -> None:
     parser.add_argument(
         "--model",
         nargs="+",
-        default=NOISE_LEVELS,
         help="Models whose joint scores are averaged as the zero-shot score; the first is adapted (default: "
-        "propose's, ProteinMPNN's four noise levels).",
+        "propose's: vanilla/v_48_020 on single mutants, the four noise levels on combinations).",
     )
     parser.add_argument("--initial", type=int, default=96)
     parser.add_argument("--rounds", type=int, default=4)
@@ -247,13 +254,14 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     start = time.time()
-    models = [load_model(name).eval() for name in args.model]
     if args.landscape:
-        problems = [landscape_problem(args.landscape, models, bool(args.adapt))]
+        problems = [landscape_problem(args.landscape, args.model, bool(args.adapt))]
     else:
-        problems = scan_problems(args.scan, args, models, args.adapt is not False)
+        problems = scan_problems(args.scan, args, args.model, args.adapt is not False)
+    ranked = np.nanmean([spearman(p.scores, p.values) for p in problems])
     print(f"{len(problems)} proteins, {sum(len(p.values) for p in problems)} variants; zero-shot scored in "
-          f"{time.time() - start:.0f} s", flush=True)  # fmt: skip
+          f"{time.time() - start:.0f} s, its Spearman with the values {ranked:.3f} (mean over proteins)",
+          flush=True)  # fmt: skip
     results = {}
     for method in args.methods:
         runs = np.array([campaign(method, seed, p, args) for p in problems for seed in range(args.seeds)])

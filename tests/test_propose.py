@@ -28,7 +28,7 @@ from dpo_inv.tools.acquisition import (
 )
 from dpo_inv.tools.adapt import AdaptOptions, train_head, variant_set
 from dpo_inv.tools.design_space import read_design_space
-from dpo_inv.tools.propose import ProposeConfig, example_ca, settle_campaign
+from dpo_inv.tools.propose import NOISE_LEVELS, ProposeConfig, example_ca, settle_campaign
 
 STRUCTURE = EXAMPLE / "adapt" / "2jws_A_7-54.pdb.gz"
 LABELLED = EXAMPLE / "adapt" / "labelled.jsonl"
@@ -197,15 +197,12 @@ def test_a_campaign_round_after_round_on_measured_stability(tmp_path):
     assert result.returncode == 0, result.stderr
     summary = json.loads(result.stdout.splitlines()[-1])
     assert summary["round"] == 1 and summary["measured"] == 96 and summary["proposed"] == 8
-    # how the zero-shot score ranks what was measured before the campaign: of a single, the mean of the four
-    # noise levels' `scan` scores
+    # how the zero-shot model (on single mutants vanilla/v_48_020) ranks what was measured before the campaign
     import dpo_inv
 
-    scans = [
-        dpo_inv.scan(f"vanilla/v_48_0{noise}", STRUCTURE, decoding_order="left_to_right")
-        for noise in ("20", "02", "10", "30")
-    ]
-    scanned = {row["mutant"]: np.mean([s[i]["delta_logp"] for s in scans]) for i, row in enumerate(scans[0])}
+    assert json.loads((campaign / "campaign.json").read_text())["model"] == ["vanilla/v_48_020"]
+    scan = dpo_inv.scan("vanilla/v_48_020", STRUCTURE, decoding_order="left_to_right")
+    scanned = {row["mutant"]: row["delta_logp"] for row in scan}
     zero_shot = np.array([scanned[r["mutation"]] for r in rows])
     expected = spearman(zero_shot, np.array([r["label"] for r in rows]))
     assert summary["last_round"]["round"] == 0 and summary["last_round"]["spearman_predicted"] is None
@@ -289,7 +286,6 @@ def test_a_campaign_started_with_one_model_goes_on_with_it(tmp_path):
     )
     config = settle_campaign(ProposeConfig(campaign=str(tmp_path)))
     assert config.model == ["vanilla/v_48_010"] and config.structure == str(STRUCTURE)
-    assert ProposeConfig(campaign="c").model[0] == "vanilla/v_48_020"  # the default: the one adapted first
 
 
 def test_propose_from_python_with_a_model_object(tmp_path, model):
@@ -449,6 +445,28 @@ def test_a_space_too_large_to_list_is_sampled_from_the_model(tmp_path, model):
 
 
 @pytest.mark.slow
+def test_combinations_are_scored_by_the_four_noise_levels_averaged(tmp_path):
+    """A space of combinations, no model given: the campaign's models are the four noise levels, and each
+    proposal's zero-shot score is the mean of their joint scores (`score --variant_scoring joint`)."""
+    import dpo_inv
+
+    space = {"positions": "A:8,37", "allowed_aas": "AVILMFWY", "max_mutations": 2}
+    dpo_inv.propose(tmp_path / "c", structure=str(STRUCTURE), chain_id=["A"], batch_size=5, **space)
+    assert json.loads((tmp_path / "c" / "campaign.json").read_text())["model"] == NOISE_LEVELS
+    proposals = (tmp_path / "c" / "round_1" / "proposals.csv").read_text().splitlines()[1:]
+    template = labelled()[0]
+    records = [{**template, "sequence": line.split(",")[2]} for line in proposals]
+    scores = [
+        [
+            r["delta_logp"]
+            for r in dpo_inv.score(name, records, variant_scoring="joint", decoding_order="left_to_right")
+        ]
+        for name in NOISE_LEVELS
+    ]
+    assert any(line.split(",")[1].count(":") == 1 for line in proposals)  # double mutants among them
+    assert [float(line.split(",")[5]) for line in proposals] == pytest.approx(np.mean(scores, 0), abs=2e-4)
+
+
 def test_rounds_measured_by_a_function_from_python_and_the_shell(tmp_path, model):
     """Labels from a function: measured stability as the oracle over the labelled singles (the
     candidates). From Python, three rounds of 8 from 24 measured before; from the shell, `--reward

@@ -17,7 +17,7 @@ import shutil
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -43,7 +43,7 @@ from dpo_inv.tools.sample import prepare_design
 from dpo_inv.training.launch import resolve_device, reuse_freed_memory
 
 CAMPAIGN_FILE = "campaign.json"
-# the zero-shot score's models: ProteinMPNN's four noise levels, the one adapted (the default) first
+# ProteinMPNN's four noise levels, the one adapted (the default checkpoint) first
 NOISE_LEVELS = ["vanilla/v_48_020", "vanilla/v_48_002", "vanilla/v_48_010", "vanilla/v_48_030"]
 MIN_MEASURED = 8  # fewer measurements: the batch is the zero-shot score's (`zero_shot_batch`)
 # the adapted model trains on and scores one order of a combination's mutated positions (four: 3.4x as long)
@@ -81,10 +81,11 @@ class ProposeConfig(ModelOptions):
         metadata={"help": "A file of candidate variants (mutations, mutant or sequence) instead of a space."},
     )
     model: list[str] = field(
-        default_factory=lambda: list(NOISE_LEVELS),
+        default_factory=list,
         metadata={"help": "Models (names, .pt files or saved directories) whose joint scores, averaged, are "
                   "the zero-shot score; the first is the one adapted and sampled from (default: "
-                  "ProteinMPNN's four noise levels, vanilla/v_48_020 first)."},
+                  "vanilla/v_48_020 where the candidates are single mutants, ProteinMPNN's four noise levels "
+                  "where they combine mutations)."},
     )  # fmt: skip
     measurements: str | None = field(
         default=None, metadata={"help": "Measurements made before the campaign, copied into round_0."}
@@ -384,6 +385,12 @@ def adaptation_report(adapted: Adapted) -> dict[str, Any]:
             "cv_spearman_augmented_ridge": round_metric(adapted.ridge_mean)}  # fmt: skip
 
 
+def default_models(candidates: np.ndarray, parent: np.ndarray) -> list[str]:
+    """`--model`'s default: `vanilla/v_48_020` where every candidate is a single mutant, else the four noise
+    levels, whose averaged joint score ranks combinations better (docs/campaigns.md)."""
+    return NOISE_LEVELS if ((candidates != parent).sum(1) > 1).any() else NOISE_LEVELS[:1]
+
+
 def model_scores(config: ProposeConfig, models: list[ProteinMPNN], example: dict[str, Any],
                  space: DesignSpace, candidates: np.ndarray, measured: np.ndarray, values: np.ndarray,
                  device: torch.device) -> tuple[np.ndarray, Adapted | None]:  # fmt: skip
@@ -408,7 +415,8 @@ def model_scores(config: ProposeConfig, models: list[ProteinMPNN], example: dict
 
 def propose_round(config: ProposeConfig, models: list[ProteinMPNN] | None = None) -> dict[str, Any]:
     """Write the campaign's next round (``models``: those `config.model` names, loaded); returns its summary
-    (round, counts, where the files are)."""
+    (round, counts, where the files are). The models of a first call without `--model` are chosen by its
+    candidates (`default_models`) and saved with the round."""
     start = time.time()
     reuse_freed_memory()
     config = settle_campaign(config)
@@ -424,7 +432,7 @@ def propose_round(config: ProposeConfig, models: list[ProteinMPNN] | None = None
             f"{folder / f'round_{last}'}: its proposals await their measurements: write them to "
             f"{folder / f'round_{last}' / 'measurements.csv'} (mutations,value), then propose again"
         )
-    models = models or [as_model(name) for name in config.model]
+    models = models or [as_model(name) for name in config.model or NOISE_LEVELS[:1]]
     options = config.parse_options(models[0].config)
     for name, other in zip(config.model[1:], models[1:], strict=True):
         if config.parse_options(other.config) != options:
@@ -446,6 +454,9 @@ def propose_round(config: ProposeConfig, models: list[ProteinMPNN] | None = None
     device = resolve_device(config.device)
     models = [m.to(device).eval() for m in models]
     candidates = candidate_variants(space, config, models[0], example, device)
+    if not config.model:  # the campaign's first call, its models chosen by its candidates
+        config = replace(config, model=default_models(candidates, space.parent))
+        models += [as_model(name).to(device).eval() for name in config.model[1:]]
     if len(measured):
         candidates = candidates[~np.isin(_keys(candidates), _keys(measured.astype(np.uint8)))]
     if config.batch_size > len(candidates):
@@ -567,8 +578,8 @@ def propose(
     **options: Any,
 ) -> dict[str, Any] | list[dict[str, Any]]:
     """Write the next round of the campaign in folder `campaign`, as `python -m dpo_inv propose` does;
-    `model` is its `--model` (a model, name or path, or several whose joint scores are averaged: default
-    ProteinMPNN's four noise levels); `options` are the command's others (:class:`ProposeConfig`: `structure`,
+    `model` is its `--model` (a model, name or path, or several whose joint scores are averaged; default
+    `default_models`); `options` are the command's others (:class:`ProposeConfig`: `structure`,
     `chain_id`, `positions`,
     `allowed_aas`, `max_mutations`, `batch_size`, `rounds`, ...), with its defaults. Returns the round's
     summary; its proposals are in `summary["proposals"]`. With a `reward` (a function given the proposals
