@@ -15,7 +15,8 @@ oracle reveals only what was proposed; the candidates are the measured variants 
 measured cannot be proposed). Each campaign measures `--initial` variants (at random; with
 `--first_round zero_shot` as `propose` picks a first batch, three quarters covering the residues and a
 quarter the zero-shot model's best; `zero_shot_top`: only its best), then `--rounds` batches of `--batch`.
-Methods, in the same runs:
+The zero-shot score is `propose`'s (`vanilla/v_48_020` on single mutants, the four noise levels' joint
+scores averaged on combinations), or the average over the `--model` models. Methods, in the same runs:
 
 - dpo_inv: what `dpo-inv propose` does — adapt the model to the measurements (on scans; `--adapt` on a
   landscape too), then the ensemble ridge on one-hot, mutated-position, nearness, pair (a landscape) or
