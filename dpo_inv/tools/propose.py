@@ -579,13 +579,12 @@ def propose(
 ) -> dict[str, Any] | list[dict[str, Any]]:
     """Write the next round of the campaign in folder `campaign`, as `python -m dpo_inv propose` does;
     `model` is its `--model` (a model, name or path, or several whose joint scores are averaged; default
-    `default_models`); `options` are the command's others (:class:`ProposeConfig`: `structure`,
-    `chain_id`, `positions`,
-    `allowed_aas`, `max_mutations`, `batch_size`, `rounds`, ...), with its defaults. Returns the round's
-    summary; its proposals are in `summary["proposals"]`. With a `reward` (a function given the proposals
-    as records — `pdb_file`, `design_chains`, `fixed_chains`, `sequence` — and returning one number each,
-    or its `file.py:function` name), each round is measured by it before the next, and the list of the
-    `rounds` summaries is returned."""
+    `default_models`); `options` are the command's others (:class:`ProposeConfig`: `structure`, `chain_id`,
+    `positions`, `allowed_aas`, `max_mutations`, `batch_size`, `rounds`, ...), with its defaults. Returns
+    the round's summary; its proposals are in `summary["proposals"]`. With a `reward` (a function given the
+    proposals as records — `pdb_file`, `design_chains`, `fixed_chains`, `sequence` — and returning one
+    number each, or its `file.py:function` name), each round is measured by it before the next, and the
+    list of the `rounds` summaries is returned."""
     given = [] if model is None else [model] if isinstance(model, ProteinMPNN | str | Path) else list(model)
     names = [str(m) if isinstance(m, str | Path) else m.config.name_or_path for m in given]
     named = reward if isinstance(reward, str) else None
