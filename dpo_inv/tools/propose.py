@@ -80,8 +80,8 @@ class ProposeConfig(ModelOptions):
         default=None,
         metadata={"help": "A file of candidate variants (mutations, mutant or sequence) instead of a space."},
     )
-    model: list[str] = field(
-        default_factory=list,
+    model: list[str] | None = field(
+        default=None,
         metadata={"help": "Models (names, .pt files or saved directories) whose joint scores, averaged, are "
                   "the zero-shot score; the first is the one adapted and sampled from (default: "
                   "vanilla/v_48_020 where the candidates are single mutants, ProteinMPNN's four noise levels "
@@ -151,7 +151,8 @@ def settle_campaign(config: ProposeConfig) -> ProposeConfig:
         for name in ("structure", "candidates"):
             if saved[name] is not None:
                 saved[name] = str(Path(saved[name]).resolve())
-        saved["model"] = [str(Path(m).resolve()) if Path(m).exists() else m for m in saved["model"]]
+        if saved["model"]:
+            saved["model"] = [str(Path(m).resolve()) if Path(m).exists() else m for m in saved["model"]]
         return ProposeConfig(**{**asdict(config), **saved})
     saved = {name: getattr(defaults, name) for name in DESIGN_FIELDS} | json.loads(path.read_text())
     if isinstance(saved["model"], str):  # a campaign started with one model
@@ -434,7 +435,7 @@ def propose_round(config: ProposeConfig, models: list[ProteinMPNN] | None = None
         )
     models = models or [as_model(name) for name in config.model or NOISE_LEVELS[:1]]
     options = config.parse_options(models[0].config)
-    for name, other in zip(config.model[1:], models[1:], strict=True):
+    for name, other in zip((config.model or [])[1:], models[1:], strict=True):
         if config.parse_options(other.config) != options:
             raise ValueError(
                 f"--model {config.model[0]} {name}: a LigandMPNN and a ProteinMPNN model read a structure "
