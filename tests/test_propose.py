@@ -444,7 +444,6 @@ def test_a_space_too_large_to_list_is_sampled_from_the_model(tmp_path, model):
         assert all(8 <= int(m[1:-1]) <= 47 and m[-1] in "AVILMFWY" for m in variant)
 
 
-@pytest.mark.slow
 def test_combinations_are_scored_by_the_four_noise_levels_averaged(tmp_path):
     """A space of combinations, no model given: the campaign's models are the four noise levels, and each
     proposal's zero-shot score is the mean of their joint scores (`score --variant_scoring joint`)."""
@@ -467,6 +466,7 @@ def test_combinations_are_scored_by_the_four_noise_levels_averaged(tmp_path):
     assert [float(line.split(",")[5]) for line in proposals] == pytest.approx(np.mean(scores, 0), abs=2e-4)
 
 
+@pytest.mark.slow
 def test_rounds_measured_by_a_function_from_python_and_the_shell(tmp_path, model):
     """Labels from a function: measured stability as the oracle over the labelled singles (the
     candidates). From Python, three rounds of 8 from 24 measured before; from the shell, `--reward
