@@ -96,7 +96,8 @@ def problem(name: str, structure: str, chain: str, rows: list, names: list[str] 
     batch = collate([{**example, "wildtype": parent}])
     if (variants != space.parent).sum(1).max() == 1:  # single mutants: the states of every one, once
         full = variant_set(model, batch, variants, values, None)
-        scores = np.mean([variant_set(m, batch, variants, values, None).reference.numpy() for m in models], 0)
+        others = [variant_set(m, batch, variants, values, None) for m in models[1:]]
+        scores = np.mean([states.reference.numpy() for states in [full, *others]], 0)
 
         def predict(m: ProteinMPNN) -> np.ndarray:
             with torch.no_grad():
