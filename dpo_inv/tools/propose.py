@@ -152,7 +152,7 @@ def settle_campaign(config: ProposeConfig) -> ProposeConfig:
             if saved[name] is not None:
                 saved[name] = str(Path(saved[name]).resolve())
         if saved["model"]:
-            saved["model"] = [str(Path(m).resolve()) if Path(m).exists() else m for m in saved["model"]]
+            saved["model"] = resolved(saved["model"])
         return ProposeConfig(**{**asdict(config), **saved})
     saved = {name: getattr(defaults, name) for name in DESIGN_FIELDS} | json.loads(path.read_text())
     if isinstance(saved["model"], str):  # a campaign started with one model
@@ -165,13 +165,18 @@ def settle_campaign(config: ProposeConfig) -> ProposeConfig:
         if given != default and name in ("structure", "candidates") and given is not None:
             given = str(Path(given).resolve())
         if given != default and name == "model":
-            given = [str(Path(m).resolve()) if Path(m).exists() else m for m in given]
+            given = resolved(given)
         if given != default and given != saved[name]:
             raise ValueError(
                 f"{path}: the campaign was started with {name} = {saved[name]!r}, not "
                 f"{getattr(config, name)!r}: keep the campaign's settings, or start another campaign folder"
             )
     return ProposeConfig(**{**asdict(config), **saved})
+
+
+def resolved(models: list[str]) -> list[str]:
+    """Model names as given, paths that exist made absolute (a campaign is read from any directory)."""
+    return [str(Path(m).resolve()) if Path(m).exists() else m for m in models]
 
 
 def measured_variants(space: DesignSpace, rows: list[Measurement]) -> tuple[np.ndarray, np.ndarray]:
