@@ -19,12 +19,12 @@ Data may be a file path, a list of dicts, a pandas DataFrame or a `datasets.Data
 `DataError` (a `ValueError`), one line per record. See docs/python.md.
 """
 
+from dpo_inv.campaign.propose import propose
 from dpo_inv.data.records import DataError
 from dpo_inv.models.mpnn import ProteinMPNN
 from dpo_inv.models.weights import load_model
 from dpo_inv.tools.adapt import AdaptOutput, adapt
 from dpo_inv.tools.pairs import make_pairs
-from dpo_inv.tools.propose import propose
 from dpo_inv.tools.rounds import RoundsConfig, rounds
 from dpo_inv.tools.sample import sample
 from dpo_inv.tools.scan import scan

@@ -1,33 +1,44 @@
 """Simulated design campaigns on a combinatorially complete landscape or on single-mutant scans, against the
-field's baselines.
+field's baselines; `propose`'s own round function picks dpo_inv's batches, a simulated lab measures them.
 
     python scripts/campaign_benchmark.py --landscape ../shared/campaign/trpb --initial 96 --rounds 4 \\
         --batch 96 --seeds 10 [--first_round zero_shot]
+    python scripts/campaign_benchmark.py --landscape ../shared/campaign/trpb --prior_spearman 0.05 ...
+    python scripts/campaign_benchmark.py --landscape ../shared/campaign/trpb --synthetic 1 \\
+        --prior_spearman 0.2 ...
     python scripts/campaign_benchmark.py --scan ../shared/function/CALM1_HUMAN_Weile_2017.csv \\
         --initial 24 --rounds 3 --batch 24 --seeds 10
     python scripts/campaign_benchmark.py --scan ../shared/stability/train.jsonl --value_field label ...
 
-A landscape folder holds `landscape.json` (pdb_file, chain_id, wildtype_seq, site_indices) and
-`variants.csv` (`variant`: the letters at the sites, in order; `fitness`). A scan is a ProteinGym CSV
+A landscape folder holds `landscape.json` (pdb_file, chain_id, wildtype_seq, site_indices, site_numbers)
+and `variants.csv` (`variant`: the letters at the sites, in order; `fitness`). A scan is a ProteinGym CSV
 (`mutant` or `mutated_sequence`, `DMS_score`; its structure from `--structure`, or from the `reference.csv`
 beside it) or variant records with `pdb_file`, `sequence` and the value (one campaign per structure). The
 oracle reveals only what was proposed; the candidates are the measured variants (combinations never
-measured cannot be proposed). Each campaign measures `--initial` variants (at random; with
-`--first_round zero_shot` as `propose` picks a first batch, three quarters covering the residues and a
-quarter the zero-shot model's best; `zero_shot_top`: only its best), then `--rounds` batches of `--batch`.
-The zero-shot score is `propose`'s (`vanilla/v_48_020` on single mutants, the four noise levels' joint
-scores averaged on combinations), or the average over the `--model` models. Methods, in the same runs:
+measured cannot be proposed). Each campaign measures `--initial` variants (at random, the published
+protocol; with `--first_round zero_shot` the batch `propose` picks before any measurement, seeded by the
+campaign's seed), then `--rounds` batches of `--batch`. The zero-shot score is `propose`'s
+(`vanilla/v_48_020` on single mutants, the four noise levels' joint scores averaged on combinations), or the
+average over the `--model` models; a landscape's is kept in `--cache` (default outputs/campaign_benchmark/).
 
-- dpo_inv: what `dpo-inv propose` does — adapt the model to the measurements (on scans; `--adapt` on a
-  landscape too), then the ensemble ridge on one-hot, mutated-position, nearness, pair (a landscape) or
-  amino-acid count (a scan) and model-score features (zero-shot, and the adapted model's: cross-fitted on
-  the measured variants), Thompson sampling;
-- augmented_ridge: the same ensemble and batch rule on one-hot and zero-shot features (MLDE-style);
+Robustness, without new measurements:
+- `--prior_spearman X`: the zero-shot score mixed (seeded by `--prior_seed`) with noise, or with the values'
+  ranks where X is above its own Spearman, until its Spearman with the values over all variants is X;
+- `--synthetic K`: `--synthetic_count` NK landscapes (seeds 0, 1, ...) on the landscape's sites instead of
+  its values: each site's contribution depends on its residue and K other sites' (random tables), the
+  fitness the mean contribution above its median, scaled so that the best is 1 (half the variants 0).
+
+Methods, in the same runs:
+- dpo_inv: `propose`'s round function (`dpo_inv.campaign.round.next_batch`) with `propose`'s defaults:
+  adapting where every measured variant is a single mutant (`--adapt`/`--no-adapt` force it), the ensemble
+  and its batch rule;
+- augmented_ridge: the same ensemble of ridge fits and Thompson sampling on one-hot and zero-shot features
+  only (MLDE-style);
 - greedy_zero_shot: the zero-shot joint score's best not yet measured;
 - random.
 
-Printed last, one JSON line: per method and round, the mean and standard error over seeds (and scans) of the
-best value found over the best there is (`best_fraction`; on scans, whose values may be negative, the
+Printed last, one JSON line: per method and round, the mean and standard error over seeds (and proteins) of
+the best value found over the best there is (`best_fraction`; on scans, whose values may be negative, the
 fraction of variants no better than the best found) and of the fraction of the top 1% found (`top1_found`);
 for the methods that predict, per round after the first, of the fraction of the batch that came back within
 predicted ± uncertainty (`within_uncertainty`).
@@ -37,27 +48,28 @@ from __future__ import annotations
 
 import argparse
 import csv
+import hashlib
 import json
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cache
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from dpo_inv.data.batches import collate
+from dpo_inv.campaign.acquisition import choose_batch, top_batch
+from dpo_inv.campaign.config import NOISE_LEVELS
+from dpo_inv.campaign.history import variant_tokens
+from dpo_inv.campaign.propose import default_models
+from dpo_inv.campaign.round import CampaignState, RoundSettings, next_batch
+from dpo_inv.campaign.scoring import ModelScorer, example_ca, variant_keys
 from dpo_inv.data.measurements import Measurement, read_measurements
 from dpo_inv.data.records import read_records
 from dpo_inv.models.mpnn import ProteinMPNN
 from dpo_inv.models.variants import spearman
 from dpo_inv.models.weights import load_model
-from dpo_inv.structures.parse import ALPHABET
-from dpo_inv.tools.acquisition import choose_batch, top_batch, zero_shot_batch
-from dpo_inv.tools.adapt import AdaptOptions, VariantSet, choose_and_train, variant_set
 from dpo_inv.tools.design_space import read_design_space
-from dpo_inv.tools.propose import ADAPTED_ORDERS, default_models, example_ca, measured_variants, zero_shot
 
 METHODS = ("dpo_inv", "augmented_ridge", "greedy_zero_shot", "random")
 CPU = torch.device("cpu")
@@ -65,16 +77,14 @@ CPU = torch.device("cpu")
 
 @dataclass
 class Problem:
-    """One protein's variants, their values (the oracle), the zero-shot scores and what adapting needs."""
+    """One protein's variants, their values (the oracle), the zero-shot scores and the scorer."""
 
     name: str
     variants: np.ndarray  # [N, L] tokens
     values: np.ndarray  # [N] higher = better
     scores: np.ndarray  # [N] zero-shot joint delta_logp (the models' mean)
     parent: np.ndarray  # [L]
-    model: ProteinMPNN  # the one adapted
-    train_set: Callable[[np.ndarray], VariantSet] | None  # the measured rows' set (None: no adapting)
-    predict: Callable[[ProteinMPNN], np.ndarray]  # every variant's delta_logp under a model
+    scorer: ModelScorer
     fraction: str  # "ratio" (best found / the best there is) or "rank" (the share no better than it)
     ca: np.ndarray  # [L, 3] the residues' Cα coordinates (nearness features)
 
@@ -84,62 +94,51 @@ def loaded(name: str) -> ProteinMPNN:
     return load_model(name).eval()
 
 
-def problem(name: str, structure: str, chain: str, rows: list, names: list[str] | None, adapt: bool,
-            fraction: str) -> Problem:  # fmt: skip
-    """The problem of measured ``rows`` (`Measurement`s) on ``structure``'s chain: the zero-shot score the
-    mean of the joint scores of the models ``names`` (default: `propose`'s), the first the one adapted."""
+def problem(name: str, structure: str, chain: str, rows: list[Measurement], names: list[str] | None,
+            fraction: str, cache_file: Path | None = None) -> Problem:  # fmt: skip
+    """The problem of measured ``rows`` on ``structure``'s chain: the zero-shot score the mean of the joint
+    scores of the models ``names`` (default: `propose`'s); ``cache_file`` keeps the scores."""
     space, example = read_design_space(structure, [chain])
-    variants, values = measured_variants(space, rows)
-    models = [loaded(n) for n in names or default_models(variants, space.parent)]
-    model = models[0]
-    parent = torch.from_numpy(space.parent)
-    batch = collate([{**example, "wildtype": parent}])
-    if (variants != space.parent).sum(1).max() == 1:  # single mutants: the states of every one, once
-        full = variant_set(model, batch, variants, values, None)
-        others = [variant_set(m, batch, variants, values, None) for m in models[1:]]
-        scores = np.mean([states.reference.numpy() for states in [full, *others]], 0)
-
-        def predict(m: ProteinMPNN) -> np.ndarray:
-            with torch.no_grad():
-                return full.deltas(m).numpy().astype(np.float64)
+    rows = [row for row in rows if np.isfinite(row.value)]
+    variants = np.array([variant_tokens(space, row) for row in rows], dtype=np.uint8)
+    values = np.array([row.value for row in rows])
+    names = names or default_models(variants, space.parent)
+    scorer = ModelScorer([loaded(n) for n in names], example, space, CPU)
+    if cache_file is not None and cache_file.exists():
+        scores = np.load(cache_file)
     else:
-        scores = np.mean([zero_shot(m, example, space, variants, CPU) for m in models], 0)
-
-        def predict(m: ProteinMPNN) -> np.ndarray:
-            return zero_shot(m, example, space, variants, CPU, ADAPTED_ORDERS)
-
-    def train_set(rows: np.ndarray) -> VariantSet:
-        return variant_set(model, batch, variants[rows], values[rows], None, max_orders=ADAPTED_ORDERS)
-
+        scores = scorer.zero_shot(variants)
+        if cache_file is not None:
+            cache_file.parent.mkdir(parents=True, exist_ok=True)
+            np.save(cache_file, scores)
+    scorer.known = dict(zip(variant_keys(variants), scores.tolist(), strict=True))
     ca = example_ca(example, len(space.parent))
-    return Problem(name, variants, values, scores.astype(np.float64), space.parent, model,
-                   train_set if adapt else None, predict, fraction, ca)  # fmt: skip
+    return Problem(name, variants, values, scores, space.parent, scorer, fraction, ca)
 
 
-def landscape_problem(folder: Path, models: list[str] | None, adapt: bool) -> Problem:
+def landscape_problem(folder: Path, models: list[str] | None, cache_dir: Path) -> Problem:
     """A combinatorially complete landscape (`landscape.json` + `variants.csv`)."""
     landscape = json.loads((folder / "landscape.json").read_text())
     with open(folder / "variants.csv") as handle:
         table = list(csv.DictReader(handle))
-    chain, sites = landscape["chain_id"], np.array(landscape["site_indices"])
-    wildtype = np.array([ALPHABET.index(a) for a in landscape["wildtype_seq"]])
+    sites = np.array(landscape["site_indices"])
+    wildtype = [landscape["wildtype_seq"][i] for i in sites]
     numbers = [str(n) for n in landscape["site_numbers"]]
     rows = []
     for row in table:
         mutations = [
-            f"{ALPHABET[wildtype[i]]}{n}{a}"
-            for i, n, a in zip(sites, numbers, row["variant"], strict=True)
-            if a != ALPHABET[wildtype[i]]
+            f"{w}{n}{a}" for w, n, a in zip(wildtype, numbers, row["variant"], strict=True) if a != w
         ]
         rows.append(
             Measurement(":".join(mutations) or "WT", "mutations", float(row["fitness"]), "variants.csv")
         )
-    return problem(folder.name, str(folder / landscape["pdb_file"]), chain, rows, models, adapt, "ratio")
+    key = hashlib.sha1(" ".join(models or NOISE_LEVELS).encode()).hexdigest()[:8]
+    cache_file = cache_dir / f"{folder.name}-{key}.npy"
+    return problem(folder.name, str(folder / landscape["pdb_file"]), landscape["chain_id"], rows, models,
+                   "ratio", cache_file)  # fmt: skip
 
 
-def scan_problems(
-    path: Path, args: argparse.Namespace, models: list[str] | None, adapt: bool
-) -> list[Problem]:
+def scan_problems(path: Path, args: argparse.Namespace) -> list[Problem]:
     """One problem per structure of a scan: a ProteinGym CSV, or variant records with `pdb_file`."""
     if path.suffix == ".csv":
         structure, chain = args.structure, args.chain_id
@@ -150,7 +149,7 @@ def scan_problems(
             entry = reference[path.name]
             structure, chain = str(path.parent / entry["pdb_file"]), entry.get("chain_id") or "A"
         rows = read_measurements(path, args.value_field)
-        return [problem(path.stem, structure, chain, rows, models, adapt, "rank")]
+        return [problem(path.stem, structure, chain, rows, args.model, "rank")]
     by_structure: dict[str, list] = {}
     for record in read_records(str(path)):
         by_structure.setdefault(record.data["pdb_file"], []).append(record)
@@ -160,8 +159,48 @@ def scan_problems(
                             r.location) for r in records]  # fmt: skip
         chain = records[0].data.get("chain_id", "A")
         problems.append(problem(Path(pdb_file).name.split(".")[0], str(path.parent / pdb_file), chain, rows,
-                                models, adapt, "rank"))  # fmt: skip
+                                args.model, "rank"))  # fmt: skip
     return problems
+
+
+def standard_ranks(x: np.ndarray) -> np.ndarray:
+    r = np.argsort(np.argsort(x, kind="stable"), kind="stable").astype(np.float64)
+    return (r - r.mean()) / r.std()
+
+
+def with_prior_spearman(p: Problem, target: float, seed: int) -> Problem:
+    """``p`` with its zero-shot score mixed with noise (or with the values' ranks, where ``target`` is above
+    its Spearman) until its Spearman with the values is ``target``."""
+    z, truth = standard_ranks(p.scores), standard_ranks(p.values)
+    current = spearman(z, p.values)
+    other = np.random.default_rng(seed).standard_normal(len(z)) if target < current else truth
+
+    def beyond(weight: float) -> bool:  # still on the model's side of the target
+        return (spearman(z + weight * other, p.values) - target) * (current - target) > 0
+
+    low, high = 0.0, 1.0
+    while beyond(high) and high < 1e6:
+        high *= 2
+    for _ in range(30):  # bisection on the weight of the part mixed in
+        low, high = ((low + high) / 2, high) if beyond((low + high) / 2) else (low, (low + high) / 2)
+    scores = z + (low + high) / 2 * other
+    scorer = replace(p.scorer, known=dict(zip(variant_keys(p.variants), scores.tolist(), strict=True)))
+    return replace(p, scores=scores, scorer=scorer)
+
+
+def nk_landscape(p: Problem, k: int, seed: int) -> Problem:
+    """``p`` with NK values on its varied sites: site i's contribution a random table of its residue and
+    those of K other sites; the fitness the mean contribution above its median, scaled to a best of 1."""
+    rng = np.random.default_rng(seed)
+    sites = np.flatnonzero((p.variants != p.parent).any(0))
+    tokens = p.variants[:, sites].astype(np.int64)
+    raw = np.zeros(len(tokens))
+    for i in range(len(sites)):
+        others = rng.choice(np.delete(np.arange(len(sites)), i), size=k, replace=False)
+        table = rng.uniform(size=(21,) * (k + 1))
+        raw += table[tuple(tokens[:, j] for j in (i, *others))]
+    values = np.clip(raw - np.median(raw), 0, None)
+    return replace(p, name=f"{p.name}-NK{k}-{seed}", values=values / values.max())
 
 
 def campaign(
@@ -174,12 +213,16 @@ def campaign(
     values = p.values
     threshold = np.sort(values)[-max(1, round(0.01 * len(values)))]
     top = set(np.flatnonzero(values >= threshold).tolist())  # the top 1%, and any tied with its last
+    index = dict(zip(variant_keys(p.variants), range(len(p.variants)), strict=True))
+    adapt = {None: "auto", True: "yes", False: "no"}[args.adapt]
+    settings = RoundSettings(args.batch, args.acquisition, args.members, adapt, seed)
+    nothing = np.zeros((0, len(p.parent)), np.uint8)
     if args.first_round == "random":
         measured = list(rng.choice(len(values), args.initial, replace=False))
-    elif args.first_round == "zero_shot":
-        measured = list(zero_shot_batch(p.variants, p.scores, p.parent, args.initial)[0])
     else:
-        measured = list(top_batch(p.scores, args.initial))
+        state = CampaignState(p.parent, p.variants, nothing, np.zeros(0), nothing, p.ca)
+        first = next_batch(state, p.scorer, replace(settings, batch_size=args.initial))
+        measured = [index[k] for k in variant_keys(first.variants)]
     history = []
     within = np.nan
     for round_ in range(args.rounds + 1):
@@ -188,30 +231,27 @@ def campaign(
         history.append((found, len(top & set(measured)) / len(top), within))
         if round_ == args.rounds:
             break
-        left = np.setdiff1d(np.arange(len(values)), measured)
         known = np.array(measured)
-        if method == "random":
-            picked = rng.choice(left, args.batch, replace=False)
-        elif method == "greedy_zero_shot":
-            picked = left[top_batch(p.scores[left], args.batch)]
+        if method == "dpo_inv":
+            state = CampaignState(p.parent, p.variants, p.variants[known], values[known], nothing, p.ca)
+            batch = next_batch(state, p.scorer, settings)
+            picked = np.array([index[k] for k in variant_keys(batch.variants)])
+            within = float(np.mean(np.abs(values[picked] - batch.predicted) <= batch.uncertainty))
         else:
-            scores, known_scores = p.scores, p.scores[known]
-            if method == "dpo_inv" and p.train_set is not None and len(known) >= AdaptOptions.min_labels:
-                config = AdaptOptions(decoding_order="left_to_right", seed=seed)
-                adapted = choose_and_train(p.model, [p.train_set(known)], config)
-                if adapted.decision == "adapted":
-                    scores = np.c_[scores, p.predict(adapted.model)]
-                    known_scores = np.c_[known_scores, adapted.out_of_fold[0]]
-            draw = seed * 100 + round_
-            rule = args.acquisition if method == "dpo_inv" else "thompson"
-            chosen, mean, uncertainty = choose_batch(
-                p.variants[known], values[known], known_scores, p.variants[left], scores[left], p.parent,
-                args.batch, rule, fit_seed=draw, draw_seed=draw, pairwise=method == "dpo_inv",
-                positional=method == "dpo_inv", ca=p.ca if method == "dpo_inv" else None,
-                members=args.members if method == "dpo_inv" else 10, substituted=method == "dpo_inv",
-            )  # fmt: skip
-            picked = left[chosen]
-            within = float(np.mean(np.abs(values[picked] - mean[chosen]) <= uncertainty[chosen]))
+            left = np.setdiff1d(np.arange(len(values)), known)
+            if method == "random":
+                picked = rng.choice(left, args.batch, replace=False)
+            elif method == "greedy_zero_shot":
+                picked = left[top_batch(p.scores[left], args.batch)]
+            else:  # augmented ridge
+                draw = seed + len(known)
+                chosen, mean, uncertainty = choose_batch(
+                    p.variants[known], values[known], p.scores[known], p.variants[left], p.scores[left],
+                    p.parent, args.batch, "thompson", fit_seed=seed, draw_seed=draw, pairwise=False,
+                    positional=False, substituted=False,
+                )  # fmt: skip
+                picked = left[chosen]
+                within = float(np.mean(np.abs(values[picked] - mean[chosen]) <= uncertainty[chosen]))
         measured += list(picked)
     return history
 
@@ -229,13 +269,11 @@ def main() -> None:
     parser.add_argument(
         "--adapt",
         action=argparse.BooleanOptionalAction,
-        help="Whether dpo_inv adapts the model (default: on scans, not on a landscape).",
+        help="Whether dpo_inv adapts the model (default: propose's: where every measured variant is single).",
     )
     parser.add_argument("--acquisition", choices=("thompson", "ucb", "greedy"), default="thompson",
                         help="dpo_inv's batch rule.")  # fmt: skip
-    parser.add_argument(
-        "--members", type=int, default=10, help="dpo_inv's ensemble members (propose's --members)."
-    )
+    parser.add_argument("--members", type=int, default=10, help="dpo_inv's ensemble members (propose's).")
     parser.add_argument(
         "--model",
         nargs="+",
@@ -246,20 +284,28 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--batch", type=int, default=96)
     parser.add_argument("--seeds", type=int, default=10)
-    parser.add_argument(
-        "--first_round",
-        choices=("random", "zero_shot", "zero_shot_top"),
-        default="random",
-        help="zero_shot: as propose picks a first batch; zero_shot_top: the zero-shot score's best.",
-    )
+    parser.add_argument("--first_round", choices=("random", "zero_shot"), default="random",
+                        help="zero_shot: the batch propose picks before any measurement.")  # fmt: skip
     parser.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS))
+    parser.add_argument("--prior_spearman", type=float, help="The zero-shot score's Spearman, by mixing.")
+    parser.add_argument("--prior_seed", type=int, default=0, help="The seed of --prior_spearman's noise.")
+    parser.add_argument("--synthetic", type=int, metavar="K", help="NK landscapes of epistasis K instead.")
+    parser.add_argument(
+        "--synthetic_count", type=int, default=3, help="How many NK landscapes (seeds 0, 1, ...)."
+    )
+    parser.add_argument("--cache", type=Path, default=Path("outputs/campaign_benchmark"),
+                        help="Where a landscape's zero-shot scores are kept.")  # fmt: skip
     args = parser.parse_args()
     torch.set_num_threads(1)
     start = time.time()
     if args.landscape:
-        problems = [landscape_problem(args.landscape, args.model, bool(args.adapt))]
+        problems = [landscape_problem(args.landscape, args.model, args.cache)]
     else:
-        problems = scan_problems(args.scan, args, args.model, args.adapt is not False)
+        problems = scan_problems(args.scan, args)
+    if args.synthetic is not None:
+        problems = [nk_landscape(p, args.synthetic, s) for p in problems for s in range(args.synthetic_count)]
+    if args.prior_spearman is not None:
+        problems = [with_prior_spearman(p, args.prior_spearman, args.prior_seed) for p in problems]
     ranked = np.nanmean([spearman(p.scores, p.values) for p in problems])
     print(f"{len(problems)} proteins, {sum(len(p.values) for p in problems)} variants; zero-shot scored in "
           f"{time.time() - start:.0f} s, its Spearman with the values {ranked:.3f} (mean over proteins)",

@@ -21,11 +21,11 @@ from test_train import env
 
 import dpo_inv
 from dpo_inv import cli
+from dpo_inv.campaign.config import ProposeConfig
 from dpo_inv.data.dataset import load_records
 from dpo_inv.models.variants import spearman
 from dpo_inv.tools.adapt import AdaptConfig, AdaptOptions
 from dpo_inv.tools.pairs import PairsConfig, PairsOptions, pairs_file
-from dpo_inv.tools.propose import ProposeConfig
 from dpo_inv.tools.sample import SampleConfig, SampleOptions
 from dpo_inv.tools.scan import ScanConfig, ScanOptions
 from dpo_inv.tools.score import ScoreConfig, ScoreOptions, score_file

@@ -6,7 +6,7 @@ import ast
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "dpo_inv"
-ORDER = ("structures", "data", "models", "training", "tools")  # bottom layer first
+ORDER = ("structures", "data", "models", "training", "tools", "campaign")  # bottom layer first
 TOP = len(ORDER)  # the commands and the API
 
 

@@ -12,6 +12,16 @@ import pytest
 import torch
 from conftest import EXAMPLE, ROOT
 
+from dpo_inv.campaign.acquisition import (
+    choose_batch,
+    fit_ensemble,
+    nearness,
+    shared_features,
+    zero_shot_batch,
+)
+from dpo_inv.campaign.config import NOISE_LEVELS, ProposeConfig
+from dpo_inv.campaign.propose import settle_campaign
+from dpo_inv.campaign.scoring import example_ca
 from dpo_inv.cli import run as run_command
 from dpo_inv.data.batches import ExampleDataset, collate, structure_inputs
 from dpo_inv.data.dataset import VARIANTS, load_records
@@ -19,16 +29,8 @@ from dpo_inv.models.combinations import Slots, joint_deltas, joint_plan, joint_s
 from dpo_inv.models.variants import conditional_deltas, spearman
 from dpo_inv.models.weights import load_model
 from dpo_inv.structures.parse import ALPHABET, tokenize
-from dpo_inv.tools.acquisition import (
-    choose_batch,
-    fit_ensemble,
-    nearness,
-    shared_features,
-    zero_shot_batch,
-)
 from dpo_inv.tools.adapt import AdaptOptions, train_head, variant_set
 from dpo_inv.tools.design_space import read_design_space
-from dpo_inv.tools.propose import NOISE_LEVELS, ProposeConfig, example_ca, settle_campaign
 
 STRUCTURE = EXAMPLE / "adapt" / "2jws_A_7-54.pdb.gz"
 LABELLED = EXAMPLE / "adapt" / "labelled.jsonl"

@@ -6,7 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dpo_inv.tools.propose import CAMPAIGN_FILE, plot_campaign_folder
+from dpo_inv.campaign.folder import CampaignFolder
+from dpo_inv.campaign.propose import plot_campaign_folder
 from dpo_inv.training.plot import plot
 
 
@@ -23,7 +24,7 @@ POSITIONAL = ("output_dir", "OUTPUT_DIR", "training output folder or campaign fo
 
 
 def run(config: PlotConfig) -> None:
-    if (Path(config.output_dir) / CAMPAIGN_FILE).exists():
+    if CampaignFolder(Path(config.output_dir)).settings_file.exists():
         print(plot_campaign_folder(config.output_dir))
         return
     for path in plot(config.output_dir):

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 
-from dpo_inv.tools.propose import ProposeConfig, run_campaign
+from dpo_inv.campaign.propose import ProposeConfig, run_campaign
 
 Config = ProposeConfig
 

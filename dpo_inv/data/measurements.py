@@ -1,10 +1,12 @@
 """Measurements that come back from the lab: a variant and a number per row, in CSV (or any format
 `read_records` reads). The variant is `mutations` (`V39F:D40W`), ProteinGym's `mutant`, or the full
 `sequence` (ProteinGym's `mutated_sequence`); the number is `value`, ProteinGym's `DMS_score`, or the column
-named by ``value_field``."""
+named by ``value_field``. An empty value or `NA` records a failed measurement (did not express, no signal):
+its value is NaN."""
 
 from __future__ import annotations
 
+import csv
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,6 +15,7 @@ from dpo_inv.data.records import DataError, Record, read_records
 
 VARIANT_FIELDS = ("mutations", "mutant", "sequence", "mutated_sequence")
 VALUE_FIELDS = ("value", "DMS_score")
+FAILED = ("", "NA", "N/A")  # a value written so: the measurement failed
 
 
 @dataclass(frozen=True)
@@ -26,8 +29,9 @@ class Measurement:
 
 
 def read_measurements(path: str | Path, value_field: str | None = None) -> list[Measurement]:
-    """Every row of ``path``; a file without a variant or value column, or a row without a finite value, is
-    a `DataError` naming the file (and the row)."""
+    """Every row of ``path`` (failed measurements: NaN); a file without a variant or value column, or a row
+    whose value is neither a finite number nor empty or `NA`, is a `DataError` naming the file (and the
+    row)."""
     records = read_records(str(path))
     columns = {key for record in records for key in (record.data or {})}
     variant_field = next((f for f in VARIANT_FIELDS if f in columns), None)
@@ -42,20 +46,36 @@ def read_measurements(path: str | Path, value_field: str | None = None) -> list[
             "variant,value rows such as mutations,value / V39F:D40W,0.8 (ProteinGym's mutant,DMS_score too)"
         )
     measured, errors = [], []
-    for record in records:
+    written = _as_written(path, found_value, len(records))
+    for record, text in zip(records, written, strict=True):
         row = record.data or {}
-        value = row.get(found_value)
+        value = row.get(found_value) if text is None else text
+        if value is None or (isinstance(value, str) and value.strip().upper() in FAILED):
+            measured.append(variant_of(record, variant_field, math.nan))
+            continue
         try:
             number = float(value)
         except (TypeError, ValueError):
             number = math.nan
         if isinstance(value, bool) or not math.isfinite(number):
-            errors.append(f"{record.location}: {found_value} must be a finite number, got {value!r}")
+            errors.append(
+                f"{record.location}: {found_value} must be a finite number (empty or NA: the measurement "
+                f"failed), got {value!r}"
+            )
             continue
         measured.append(variant_of(record, variant_field, number))
     if errors:
         raise DataError(errors[0] + (f" (and {len(errors) - 1} more rows)" if len(errors) > 1 else ""))
     return measured
+
+
+def _as_written(path: str | Path, column: str, rows: int) -> list[str | None]:
+    """A CSV file's ``column`` as written, row by row (its reader reads `nan`, `NA` and an empty cell all
+    as missing); None for each row of other formats."""
+    if Path(path).suffix.lower() != ".csv":
+        return [None] * rows
+    with open(path, encoding="utf-8-sig", newline="") as handle:
+        return [row.get(column) or "" for row in csv.DictReader(handle)]
 
 
 def variant_of(record: Record, variant_field: str, value: float) -> Measurement:

@@ -75,6 +75,18 @@ class DesignSpace:
             variant[i] = ALPHABET.index(match[4])
         return variant
 
+    def contains(self, variant: np.ndarray) -> bool:
+        """Whether ``variant`` is in the space: at most k mutations, each at a position that may change, to
+        an amino acid allowed there."""
+        changed = np.flatnonzero(variant != self.parent)
+        where = np.searchsorted(self.positions, changed)
+        if len(changed) > self.max_mutations or (where >= len(self.positions)).any():
+            return False
+        return all(
+            p == self.positions[w] and variant[p] in self.allowed[w]
+            for p, w in zip(changed, where, strict=True)
+        )
+
     def size(self) -> int:
         """How many variants the space holds (the parent included)."""
         counts = [len(a) for a in self.allowed]

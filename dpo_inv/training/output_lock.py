@@ -21,8 +21,8 @@ from dpo_inv.data.records import DataError
 LOCK_FILE = "run.lock"
 
 
-def _lock(stack: contextlib.ExitStack, output_dir: Path) -> str | None:
-    """Lock OUTPUT_DIR/run.lock until `stack` closes and write this job's name into it; or say which job
+def lock_folder(stack: contextlib.ExitStack, output_dir: Path) -> str | None:
+    """Lock ``output_dir``/run.lock until `stack` closes and write this job's name into it; or say which job
     holds it. A file system without locks gives a note and no lock."""
     output_dir.mkdir(parents=True, exist_ok=True)
     handle = stack.enter_context((output_dir / LOCK_FILE).open("a+"))
@@ -46,7 +46,7 @@ def _lock(stack: contextlib.ExitStack, output_dir: Path) -> str | None:
 def output_lock(accelerator: Accelerator, output_dir: str) -> Iterator[None]:
     """Hold `output_dir` for the job inside; every rank raises a DataError when another job holds it."""
     with contextlib.ExitStack() as stack:
-        holder = _lock(stack, Path(output_dir)) if accelerator.is_main_process else None
+        holder = lock_folder(stack, Path(output_dir)) if accelerator.is_main_process else None
         (holder,) = broadcast_object_list([holder])
         if holder is not None:
             raise DataError(

@@ -201,16 +201,18 @@ def choose_batch(measured: np.ndarray, values: np.ndarray, measured_scores: np.n
                  rule: Acquisition,
                  members: int = 10, fit_seed: int = 0, draw_seed: int = 0,
                  pairwise: bool = True, positional: bool = True, ca: np.ndarray | None = None,
-                 substituted: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # fmt: skip
+                 substituted: bool = True,
+                 taken: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # fmt: skip
     """The batch of ``candidates`` (indices, best first) that ``rule`` picks from the ensemble fitted on the
     measured variants, and the ensemble's mean and uncertainty (the members' spread and the ensemble's
     `error`, in quadrature) for every candidate; the model scores are
-    ``[N]`` or ``[N, S]`` (several models); ``ca``: the residues' Cα coordinates, for nearness features."""
+    ``[N]`` or ``[N, S]`` (several models); ``ca``: the residues' Cα coordinates, for nearness features;
+    the first ``taken`` candidates are in the batch already (predicted, not picked)."""
     measured_scores = measured_scores.reshape(len(measured), -1)
     candidate_scores = candidate_scores.reshape(len(candidates), -1)
     ensemble = fit_ensemble(
         measured, values, measured_scores, parent, members, fit_seed, pairwise, positional, ca, substituted
     )
     predictions = ensemble.predict(candidates, candidate_scores)
-    picked = top_batch(acquisition_values(predictions, rule, draw_seed), batch)
+    picked = top_batch(acquisition_values(predictions[:, taken:], rule, draw_seed), batch) + taken
     return picked, predictions.mean(0), np.sqrt(predictions.var(0) + ensemble.error**2)

@@ -1,0 +1,145 @@
+"""A campaign folder, the one place that knows its layout:
+
+    DIR/campaign.json               the design space, the models and the round settings (the first call's)
+    DIR/run.lock                    held while a call writes a round
+    DIR/round_0/measurements.csv    measurements made before the campaign (--measurements)
+    DIR/round_N/proposals.csv       the batch of round N, and proposals.fasta, adapt.json, model/
+    DIR/round_N/summary.json        the summary line of the call that wrote round N
+    DIR/round_N/measurements.csv    what came back
+    DIR/best.csv                    the best variants measured so far
+    DIR/campaign.png                the picture
+
+A round is staged in DIR/.round_N.tmp and renamed into place whole.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import json
+import shutil
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dpo_inv.data.measurements import Measurement, read_measurements
+from dpo_inv.data.records import DataError, write_json, write_text
+from dpo_inv.training.output_lock import LOCK_FILE, lock_folder
+
+SETTINGS = "campaign.json"
+MEASUREMENTS = "measurements.csv"
+PROPOSALS = "proposals.csv"
+
+
+@dataclass(frozen=True)
+class MeasuredRound:
+    """One round's measurements file, read once: its rows and, where the round was proposed, its proposals'
+    rows (None for measurements made before the campaign)."""
+
+    round: int
+    path: Path
+    rows: list[Measurement]
+    proposals: list[dict[str, str]] | None
+
+
+@dataclass(frozen=True)
+class CampaignFolder:
+    path: Path
+
+    @property
+    def settings_file(self) -> Path:
+        return self.path / SETTINGS
+
+    @property
+    def picture(self) -> Path:
+        return self.path / "campaign.png"
+
+    @property
+    def best_file(self) -> Path:
+        return self.path / "best.csv"
+
+    def round_dir(self, n: int) -> Path:
+        return self.path / f"round_{n}"
+
+    def measurements_file(self, n: int) -> Path:
+        return self.round_dir(n) / MEASUREMENTS
+
+    def proposals_file(self, n: int) -> Path:
+        return self.round_dir(n) / PROPOSALS
+
+    def settings(self) -> dict[str, Any] | None:
+        """What `campaign.json` holds (None: no campaign here yet)."""
+        return json.loads(self.settings_file.read_text()) if self.settings_file.exists() else None
+
+    def rounds(self) -> list[int]:
+        """The numbers of the round folders, in order."""
+        found = (p.name.split("_", 1)[1] for p in self.path.glob("round_*") if p.is_dir())
+        return sorted(int(n) for n in found if n.isdigit())
+
+    def last_proposed(self) -> int:
+        """The last round proposed (0: none yet)."""
+        return max([n for n in self.rounds() if n > 0], default=0)
+
+    def check_measured(self) -> None:
+        """The last round's proposals must have their measurements before another round."""
+        last = self.last_proposed()
+        if last and not self.measurements_file(last).exists():
+            raise DataError(
+                f"{self.round_dir(last)}: its proposals await their measurements: write them to "
+                f"{self.measurements_file(last)} (mutations,value), then propose again"
+            )
+
+    def measured_rounds(self, value_field: str | None, before: str | None = None) -> list[MeasuredRound]:
+        """Every round's measurements, read once; ``before``: a file of measurements made before the
+        campaign, read as round 0 where the folder has none."""
+        measured = []
+        if before is not None and not self.measurements_file(0).exists():
+            measured.append(MeasuredRound(0, Path(before), read_measurements(before, value_field), None))
+        for n in self.rounds():
+            path = self.measurements_file(n)
+            if path.exists():
+                proposals = self.proposals_file(n)
+                rows = list(csv.DictReader(proposals.open())) if proposals.exists() else None
+                measured.append(MeasuredRound(n, path, read_measurements(path, value_field), rows))
+        return measured
+
+    @contextlib.contextmanager
+    def lock(self) -> Iterator[None]:
+        """Hold the folder while a round is written: a second call on it is bad input naming the first."""
+        if not self.path.exists():  # a first call: nothing to lock yet, nor any other call to meet
+            yield
+            return
+        with contextlib.ExitStack() as stack:
+            holder = lock_folder(stack, self.path)
+            if holder is not None:
+                raise DataError(
+                    f"{self.path} is in use by another propose ({holder}; see {self.path / LOCK_FILE}): wait "
+                    "for it to end, then propose again"
+                )
+            yield
+
+    def stage(self, n: int) -> Path:
+        """An empty folder to write round ``n`` into (`commit` moves it into place)."""
+        staging = self.path / f".round_{n}.tmp"
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir(parents=True)
+        return staging
+
+    def commit(self, n: int, settings: dict[str, Any], before: str | None) -> Path:
+        """Put the staged round ``n`` in place, with `campaign.json` on a first call and the measurements
+        made before the campaign as round 0; returns the round's folder."""
+        if not self.settings_file.exists():
+            write_json(self.settings_file, settings)
+        if before is not None and not self.measurements_file(0).exists():
+            self.round_dir(0).mkdir(exist_ok=True)
+            shutil.copyfile(before, self.measurements_file(0))
+        (self.path / f".round_{n}.tmp").replace(self.round_dir(n))
+        return self.round_dir(n)
+
+    def write_summary(self, n: int, summary: dict[str, Any]) -> None:
+        write_json(self.round_dir(n) / "summary.json", summary)
+
+    def write_best(self, rows: list[tuple[str, float, int]]) -> None:
+        """`best.csv`: the best measured variants so far, best first (variant, value, round)."""
+        write_text(self.best_file, "variant,value,round\n" + "".join(f"{v},{x!r},{n}\n" for v, x, n in rows))
