@@ -303,7 +303,7 @@ def test_propose_from_python_with_a_model_object(tmp_path, model):
     header = (tmp_path / "c" / "round_1" / "proposals.fasta").read_text().splitlines()[0]
     assert header == f">round1_001 {lines[1].split(',')[1]} zero_shot_delta_logp={lines[1].split(',')[5]}"
     picked_by = [line.rsplit(",", 1)[1] for line in lines[1:]]
-    assert sorted(picked_by) == ["zero_shot"] * 2 + ["zero_shot_coverage"] * 3
+    assert sorted(picked_by) == ["random"] * 2 + ["zero_shot"] + ["zero_shot_coverage"] * 2
     scores = [float(line.split(",")[5]) for line in lines[1:]]
     assert scores == sorted(scores, reverse=True)
     assert json.loads((tmp_path / "c" / "campaign.json").read_text())["max_mutations"] == 2
@@ -402,11 +402,29 @@ def test_a_first_batch_covers_the_residues_the_zero_shot_best_leaves_out():
     mixed = [c for c in itertools.product((1, 2), repeat=3) if len(set(c)) == 2]
     candidates = np.array([(1, 1, 1), (2, 2, 2), *mixed, (3, 3, 3)])
     scores = np.array([10.0, 9.0, *np.linspace(8, 3, len(mixed)), 0.0])
-    picked, covering = zero_shot_batch(candidates, scores, parent, 4)
+    picked, rules = zero_shot_batch(candidates, scores, parent, 4, at_random=0)
+    covering = rules == "zero_shot_coverage"
     assert [tuple(c) for c in candidates[picked[covering]]] == [(1, 1, 1), (2, 2, 2), (3, 3, 3)]
     assert list(picked) == [0, 1, 2, 8]  # best-scored first; the top 4 would leave residue 3 out
     everything, _ = zero_shot_batch(candidates, scores, parent, len(candidates))
     assert sorted(everything) == list(range(len(candidates)))
+
+
+def test_half_a_first_batch_of_combinations_is_at_random_and_seeded():
+    """Half the first batch of a library of combinations is drawn at random, a draw per seed; the rest
+    covers the residues by the zero-shot score; on single mutants the batch is the zero-shot best."""
+    parent = np.zeros(3, dtype=int)
+    candidates = np.array(list(itertools.product(range(5), repeat=3)))[1:]
+    scores = -np.arange(len(candidates), dtype=float)
+    picked, rules = zero_shot_batch(candidates, scores, parent, 24, seed=1)
+    assert (rules == "random").sum() == 12 and len(set(picked)) == 24
+    assert list(picked) == sorted(picked)  # best-scored first
+    again, _ = zero_shot_batch(candidates, scores, parent, 24, seed=1)
+    other, _ = zero_shot_batch(candidates, scores, parent, 24, seed=2)
+    assert list(again) == list(picked) and set(other) != set(picked)
+    singles = np.array([c for c in candidates if (c != 0).sum() == 1])
+    top, rules = zero_shot_batch(singles, -np.arange(len(singles), dtype=float), parent, 6, seed=1)
+    assert list(top) == list(range(6)) and "random" not in rules
 
 
 def test_a_list_of_candidates_is_the_space(tmp_path, model):

@@ -26,6 +26,7 @@ from dpo_inv.tools.ridge import cross_validated, fit_ridge
 
 Acquisition = Literal["thompson", "ucb", "greedy"]
 MAX_PAIR_POSITIONS = 12  # pair features only where the measured variants vary at most this many positions
+FIRST_AT_RANDOM = 0.5  # the share of a first batch drawn at random (docs/campaigns.md: measured)
 ROWS_PER_CHUNK = 65_536  # candidates compared with the parent at a time (a [rows, L] mask)
 NEAR_ANGSTROM = 10.0  # a mutation's weight on a position d Å away (Cα to Cα): exp(-d² / (2 · 10²))
 
@@ -177,11 +178,21 @@ def top_batch(values: np.ndarray, batch: int) -> np.ndarray:
 
 
 def zero_shot_batch(candidates: np.ndarray, scores: np.ndarray, parent: np.ndarray,
-                    batch: int) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
-    """A first batch from the zero-shot ``scores`` alone: ``3 * batch // 4`` candidates cover the space, each
-    the best-scored candidate holding one residue at one varied position (the residues whose best candidate
-    scores highest first), the rest are the best-scored candidates not yet picked. Returns the picked indices,
-    best-scored first, and whether each was picked to cover the space."""
+                    batch: int, seed: int = 0,
+                    at_random: float | None = None) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+    """A first batch before any measurement: where the candidates combine mutations, ``at_random`` of it
+    (default `FIRST_AT_RANDOM`) drawn at random (seeded by ``seed``), so that the predictor learns from
+    variants the zero-shot ``scores`` did not choose (on single mutants none: each is its own context); of
+    the rest three
+    quarters cover the space, each the best-scored candidate holding one residue at one varied position
+    that no pick holds yet (the residues whose best candidate scores highest first), and a quarter are the
+    best-scored candidates not yet picked. Returns the picked indices and how each was picked (`random`,
+    `zero_shot_coverage`, `zero_shot`), best-scored first."""
+    combined = ((candidates != parent[None, :]).sum(1) > 1).any()
+    share = (FIRST_AT_RANDOM if at_random is None else at_random) if combined else 0.0
+    chance = np.random.default_rng(seed).choice(len(scores), int(round(share * batch)), replace=False)
+    original, scores = scores, scores.copy()
+    scores[chance] = np.inf  # first in every ordering below: the residues they hold are covered
     order = np.argsort(-scores, kind="stable")
     varied = np.flatnonzero((candidates != parent[None, :]).any(0))
     best_holding = []  # per (position, residue): the best-scored candidate holding it
@@ -189,11 +200,15 @@ def zero_shot_batch(candidates: np.ndarray, scores: np.ndarray, parent: np.ndarr
         _, first = np.unique(candidates[order, position], return_index=True)
         best_holding.append(order[first])
     holders = np.unique(np.concatenate(best_holding))
-    covering = holders[np.argsort(-scores[holders], kind="stable")][: 3 * batch // 4]
-    rest = order[~np.isin(order, covering)][: batch - len(covering)]
-    picked = np.concatenate([covering, rest])
-    picked = picked[np.argsort(-scores[picked], kind="stable")]
-    return picked, np.isin(picked, covering)
+    holders = holders[~np.isin(holders, chance)]
+    covering = holders[np.argsort(-scores[holders], kind="stable")][: 3 * (batch - len(chance)) // 4]
+    rest = order[~np.isin(order, np.concatenate([chance, covering]))][: batch - len(chance) - len(covering)]
+    picked = np.concatenate([chance, covering, rest])
+    rules = np.array(
+        ["random"] * len(chance) + ["zero_shot_coverage"] * len(covering) + ["zero_shot"] * len(rest)
+    )
+    order = np.argsort(-original[picked], kind="stable")
+    return picked[order], rules[order]
 
 
 def choose_batch(measured: np.ndarray, values: np.ndarray, measured_scores: np.ndarray,

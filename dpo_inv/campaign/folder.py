@@ -141,5 +141,7 @@ class CampaignFolder:
         write_json(self.round_dir(n) / "summary.json", summary)
 
     def write_best(self, rows: list[tuple[str, float, int]]) -> None:
-        """`best.csv`: the best measured variants so far, best first (variant, value, round)."""
-        write_text(self.best_file, "variant,value,round\n" + "".join(f"{v},{x!r},{n}\n" for v, x, n in rows))
+        """`best.csv`: the best measured variants so far, best first (mutations, value, round: a file of
+        measurements, as `--measurements` and `--include` read them)."""
+        lines = "".join(f"{variant},{value!r},{n}\n" for variant, value, n in rows)
+        write_text(self.best_file, "mutations,value,round\n" + lines)

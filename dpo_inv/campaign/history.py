@@ -29,6 +29,11 @@ class History:
     keys: list[list[bytes | None]]
     warnings: list[str]
 
+    def value_of(self, variant: np.ndarray) -> float | None:
+        """The measured value of ``variant`` (None: not measured)."""
+        found = np.flatnonzero((self.measured == variant).all(1))
+        return float(self.values[found[0]]) if len(found) else None
+
     def best(
         self, space: DesignSpace, lower_is_better: bool, count: int = 10
     ) -> list[tuple[str, float, int]]:
@@ -107,8 +112,8 @@ def _unmatched(round_: MeasuredRound, keys: list[bytes | None]) -> list[str]:
              if key is not None and key not in proposed]  # fmt: skip
     warnings = []
     if missing:
-        warnings.append(f"{round_.path}: no row for {_named(missing)} of the round's proposals: they may "
-                        "be proposed again (a failed measurement: a row with an empty or NA value)")  # fmt: skip
+        warnings.append(f"{round_.path}: no row for {_named(missing)} of the round's proposals: they may be "
+                        "proposed again (a failed measurement: a row with an empty or NA value)")  # fmt: skip
     if extra:
         warnings.append(f"{round_.path}: {_named(extra)} never proposed (controls, or a typo?): taken as "
                         "measured")  # fmt: skip

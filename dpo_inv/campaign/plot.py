@@ -1,10 +1,12 @@
 """The picture of a campaign, `campaign.png` in its folder: every value measured, round by round, with the
-best so far; and each round's predictions against what came back (predicted ± uncertainty, Spearman)."""
+best so far; and each round's predictions against what came back (the latest round's with their uncertainty,
+each round's Spearman in the legend); a colour per round, the parent's measured value a line on both."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -48,57 +50,91 @@ class RoundOutcome:
         }
 
 
-def plot_campaign(path: Path, outcomes: list[RoundOutcome], lower_is_better: bool, title: str) -> None:
-    """Write the picture of ``outcomes`` (round 0, measurements before the campaign, included) as a PNG
-    (matplotlib's ImportError where it is not installed)."""
+def plot_campaign(path: Path, outcomes: list[RoundOutcome], lower_is_better: bool, title: str,
+                  parent_value: float | None = None) -> None:  # fmt: skip
+    """Write the picture of ``outcomes`` (round 0, measurements before the campaign, included), a colour per
+    round and the parent's measured value (``parent_value``, where it was measured) a line on both panels, as
+    a PNG (matplotlib's ImportError where it is not installed)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
-    figure, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+    figure, (left, right) = plt.subplots(1, 2, figsize=(11, 5), layout="constrained")
+    colors = round_colors([o.round for o in outcomes])
     rng = np.random.default_rng(0)
     best, points = None, []
     for outcome in outcomes:
+        rho = outcome.predictions_spearman()
+        label = f"round {outcome.round}" + (" (before the campaign)" if outcome.round == 0 else "")
+        label += f": {len(outcome.values)} measured" + (f", Spearman {rho:.2f}" if rho is not None else "")
         x = outcome.round + rng.uniform(-0.18, 0.18, len(outcome.values))
-        left.scatter(x, outcome.values, s=9, alpha=0.55, color="#4c72b0", linewidths=0)
+        left.scatter(x, outcome.values, s=12, alpha=0.7, color=colors[outcome.round], linewidths=0,
+                     label=label)  # fmt: skip
         here = outcome.best(lower_is_better)
         if here is not None:
             best = here if best is None else (min if lower_is_better else max)(best, here)
         if best is not None:
             points.append((outcome.round, best))
     if points:
-        left.plot(*zip(*points, strict=True), "o-", color="#c44e52", label="best so far")
-        left.legend(fontsize=8)
+        left.plot(*zip(*points, strict=True), "o-", color="black", markersize=4, linewidth=1.2,
+                  label="best so far")  # fmt: skip
     rounds = [o.round for o in outcomes]
-    left.set_xticks(rounds)
+    left.xaxis.set_major_locator(MaxNLocator(integer=True))
     left.set_xlim(min(rounds) - 0.5, max(rounds) + 0.5)
-    before = any(o.round == 0 for o in outcomes)
-    left.set_xlabel("round (0: measured before the campaign)" if before else "round")
+    left.set_xlabel("round")
     left.set_ylabel("measured value" + (" (lower is better)" if lower_is_better else ""))
     left.set_title("what each round measured", fontsize=10)
     left.grid(alpha=0.3)
     predicted = [o for o in outcomes if len(o.measured) and not np.isnan(o.predicted).any()]
-    colors = plt.get_cmap("viridis")(np.linspace(0.1, 0.9, max(len(predicted), 1)))
-    for outcome, color in zip(predicted, colors, strict=False):
-        rho = outcome.predictions_spearman()
-        label = f"round {outcome.round}, {len(outcome.measured)} measured"
-        label += f": Spearman {rho:.2f}" if rho is not None else ""
-        right.errorbar(outcome.predicted, outcome.measured, xerr=outcome.uncertainty, fmt="o", markersize=3,
-                       elinewidth=0.6, alpha=0.7, color=color, label=label)  # fmt: skip
+    for outcome in predicted[:-1]:  # earlier rounds: their points alone
+        right.scatter(outcome.predicted, outcome.measured, s=16, alpha=0.55, color=colors[outcome.round],
+                      linewidths=0)  # fmt: skip
     if predicted:
+        last = predicted[-1]
+        right.errorbar(last.predicted, last.measured, xerr=last.uncertainty, fmt="none", elinewidth=0.7,
+                       alpha=0.35, color=colors[last.round])  # fmt: skip
+        right.scatter(last.predicted, last.measured, s=26, color=colors[last.round], edgecolors="black",
+                      linewidths=0.5, zorder=3)  # fmt: skip
         low = min(min(o.predicted.min(), o.measured.min()) for o in predicted)
         high = max(max(o.predicted.max(), o.measured.max()) for o in predicted)
-        right.plot([low, high], [low, high], color="grey", linewidth=0.8, linestyle="--")
-        right.legend(fontsize=8)
+        right.plot([low, high], [low, high], color="grey", linewidth=0.8, linestyle="--",
+                   label="predicted = measured")  # fmt: skip
+        right.set_xlabel(f"predicted (bars: round {last.round}'s uncertainty)")
     else:
         note = "no round picked by the predictor\nhas been measured yet"
         right.text(0.5, 0.5, note, ha="center", va="center", transform=right.transAxes, fontsize=9)
-    right.set_xlabel("predicted ± uncertainty")
+        right.set_xlabel("predicted")
+        right.set_xticks([])
+        right.set_yticks([])
+    if parent_value is not None:
+        for axes in (left, right) if predicted else (left,):
+            axes.axhline(
+                parent_value, color="#c44e52", linewidth=1, linestyle="-.", label="parent (measured)"
+            )
     right.set_ylabel("measured")
     right.set_title("predictions against what came back", fontsize=10)
     right.grid(alpha=0.3)
+    handles, labels = left.get_legend_handles_labels()
+    for handle, label in zip(*right.get_legend_handles_labels(), strict=True):
+        if label not in labels:  # the parent's line is on both panels
+            handles.append(handle)
+            labels.append(label)
+    columns = min(len(labels), 3 if len(labels) <= 9 else 4)
+    figure.legend(handles, labels, loc="outside lower center", ncol=columns, fontsize=8, frameon=False,
+                  markerscale=1.5)  # fmt: skip
     figure.suptitle(title, fontsize=10)
-    figure.tight_layout()
     figure.savefig(path, dpi=130)
     plt.close(figure)
+
+
+def round_colors(rounds: list[int]) -> dict[int, Any]:
+    """A colour per round: grey for round 0 (before the campaign), the others distinct (tab10 up to ten
+    rounds, else along viridis)."""
+    from matplotlib import colormaps
+
+    later = [n for n in rounds if n > 0]
+    palette = (colormaps["tab10"].colors if len(later) <= 10
+               else colormaps["viridis"](np.linspace(0.05, 0.9, len(later))))  # fmt: skip
+    return {0: "#8c8c8c"} | {n: palette[i] for i, n in enumerate(later)}

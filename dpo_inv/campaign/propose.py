@@ -111,25 +111,32 @@ def candidate_variants(space: DesignSpace, config: ProposeConfig, scorer: ModelS
 
 def included_variants(space: DesignSpace, config: ProposeConfig, history: History,
                       candidates: np.ndarray) -> np.ndarray | None:  # fmt: skip
-    """The variants of `--include`: each in the space and not measured, else bad input."""
+    """The variants of `--include`: each in the space (a listed space: among its candidates) and not measured
+    (one that failed may be measured again), at most `--batch_size` of them, else bad input."""
     if config.include is None:
         return None
-    rows = read_variants(config.include)
-    known = {v.astype(np.int64).tobytes() for v in candidates}
-    done = {v.astype(np.int64).tobytes() for v in np.vstack([history.measured, history.failed])}
+    listed = {v.astype(np.int64).tobytes() for v in candidates} if config.candidates is not None else None
+    done = {v.astype(np.int64).tobytes() for v in history.measured}
     variants = []
-    for row in rows:
+    for row in read_variants(config.include):
         tokens = variant_tokens(space, row)
         key = tokens.astype(np.int64).tobytes()
         if key in done:
             raise DataError(f"{row.location}: {row.variant or 'the parent'} is measured already: include "
                             "variants not yet measured")  # fmt: skip
-        if key not in known:
+        inside = (
+            space.contains(tokens) and (tokens != space.parent).any() if listed is None else key in listed
+        )
+        if not inside:
             raise DataError(f"{row.location}: {row.variant or 'the parent'} is outside the campaign's "
                             "design space (its positions, amino acids, number of mutations): include its "
                             "variants")  # fmt: skip
         variants.append(tokens)
-    return np.unique(np.array(variants, dtype=np.uint8).reshape(-1, len(space.parent)), axis=0)
+    included = np.unique(np.array(variants, dtype=np.uint8).reshape(-1, len(space.parent)), axis=0)
+    if len(included) > config.batch_size:
+        raise DataError(f"--include {config.include}: {len(included)} variants, more than --batch_size "
+                        f"{config.batch_size}: include fewer or propose more")  # fmt: skip
+    return included
 
 
 def propose_round(config: ProposeConfig, models: list[ProteinMPNN] | None = None) -> dict[str, Any]:
@@ -193,43 +200,56 @@ def round_summary(folder: CampaignFolder, config: ProposeConfig, space: DesignSp
                float((min if config.lower_is_better else max)(history.values))}  # fmt: skip
     zero_shot_of = {v.astype(np.int64).tobytes(): float(s)
                     for v, s in zip(history.measured, batch.measured_zero_shot, strict=True)}  # fmt: skip
-    outcomes = campaign_outcomes(folder, config, space, zero_shot_of)
+    outcomes, parent_value = campaign_outcomes(folder, config, space, zero_shot_of)
     if outcomes:
         summary["last_round"] = outcomes[-1].summary(config.lower_is_better)
-        summary["picture"] = draw_or_note(folder, config, outcomes)
+        summary["picture"] = draw_or_note(folder, config, outcomes, parent_value)
     return summary
 
 
 def campaign_outcomes(folder: CampaignFolder, config: ProposeConfig, space: DesignSpace,
-                      zero_shot_of: dict[bytes, float] | None = None) -> list[RoundOutcome]:  # fmt: skip
-    """Each measured round's values and what was predicted of its measured proposals."""
+                      zero_shot_of: dict[bytes, float] | None = None
+                      ) -> tuple[list[RoundOutcome], float | None]:  # fmt: skip
+    """Each measured round's values and what was predicted of its measured proposals; the parent's measured
+    value (None: not measured)."""
     measured = folder.measured_rounds(config.value_field)
     history = read_history(space, measured, listed=config.candidates is not None)
-    return [
+    outcomes = [
         round_outcome(m, keys, zero_shot_of or {}) for m, keys in zip(measured, history.keys, strict=True)
     ]
+    return outcomes, history.value_of(space.parent)
 
 
-def draw_or_note(folder: CampaignFolder, config: ProposeConfig, outcomes: list[RoundOutcome]) -> str | None:
-    """Draw `campaign.png`: its path, or None with a note on stderr where matplotlib is not installed."""
+def draw(folder: CampaignFolder, config: ProposeConfig, outcomes: list[RoundOutcome],
+         parent_value: float | None) -> Path:  # fmt: skip
+    """Draw `campaign.png` (matplotlib's ImportError where it is not installed)."""
     title = f"{folder.path.name}: {Path(config.structure or '').name} {config.positions}".strip()
+    plot_campaign(folder.picture, outcomes, config.lower_is_better, title, parent_value)
+    return folder.picture
+
+
+def draw_or_note(folder: CampaignFolder, config: ProposeConfig, outcomes: list[RoundOutcome],
+                 parent_value: float | None) -> str | None:  # fmt: skip
+    """Draw `campaign.png`: its path, or None with a note on stderr where matplotlib is not installed."""
     try:
-        plot_campaign(folder.picture, outcomes, config.lower_is_better, title)
+        return str(draw(folder, config, outcomes, parent_value))
     except ImportError:
         print("propose: campaign.png needs matplotlib: pip install matplotlib", file=sys.stderr)
         return None
-    return str(folder.picture)
 
 
 def plot_campaign_folder(path: str | Path) -> Path:
-    """Draw `campaign.png` of the campaign in ``path`` (what `python -m dpo_inv plot DIR` does there)."""
+    """Draw `campaign.png` of the campaign in ``path`` (what `python -m dpo_inv plot DIR` does there); a
+    campaign with nothing measured yet is bad input."""
     config = settle_campaign(ProposeConfig(campaign=str(path)))
     space, _ = read_design_space(config.structure, config.chain_id, config.positions, config.allowed_aas,
                                  config.max_mutations, config.parent)  # fmt: skip
     folder = CampaignFolder(Path(path))
-    title = f"{folder.path.name}: {Path(config.structure or '').name} {config.positions}".strip()
-    plot_campaign(folder.picture, campaign_outcomes(folder, config, space), config.lower_is_better, title)
-    return folder.picture
+    outcomes, parent_value = campaign_outcomes(folder, config, space)
+    if not outcomes:
+        raise DataError(f"{folder.path}: nothing measured yet, nothing to draw: write a round's measurements "
+                        "(round_N/measurements.csv), then plot")  # fmt: skip
+    return draw(folder, config, outcomes, parent_value)
 
 
 def run_campaign(config: ProposeConfig, models: list[ProteinMPNN] | None = None,
@@ -242,6 +262,7 @@ def run_campaign(config: ProposeConfig, models: list[ProteinMPNN] | None = None,
     measured = reward or config.reward or config.reward_command
     if config.rounds > 1 and not measured:
         raise DataError(f"--rounds {config.rounds}: give --reward or --reward_command to measure each round")
+    folder = CampaignFolder(Path(config.campaign))
     summaries = []
     for _ in range(config.rounds):
         summary = propose_round(config, models)
@@ -250,10 +271,12 @@ def run_campaign(config: ProposeConfig, models: list[ProteinMPNN] | None = None,
             summary["measured_by"] = (
                 getattr(reward, "__name__", None) or config.reward or config.reward_command
             )
+            folder.write_summary(summary["round"], summary)
         summaries.append(summary)
     if measured:  # the last round's measurements drawn too
         try:
             summaries[-1]["picture"] = str(plot_campaign_folder(config.campaign))
+            folder.write_summary(summaries[-1]["round"], summaries[-1])
         except ImportError:
             print("propose: campaign.png needs matplotlib: pip install matplotlib", file=sys.stderr)
     return summaries

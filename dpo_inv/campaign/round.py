@@ -108,12 +108,12 @@ def next_batch(state: CampaignState, scorer: Scorer, settings: RoundSettings) ->
         why = f"{settings.acquisition} on the ensemble of {settings.members} ({len(measured)} measured"
         why += f"; model {adapted.decision})" if adapted else ")"
     else:
-        picked, covering = zero_shot_batch(candidates, scores[mine:rest, 0], state.parent, wanted)
+        picked, how = zero_shot_batch(candidates, scores[mine:rest, 0], state.parent, wanted, settings.seed)
         picked = picked + mine
         mean = uncertainty = np.full(rest, np.nan)
-        rules = ["zero_shot_coverage" if c else "zero_shot" for c in covering]
-        why = (f"zero-shot joint delta_logp, its best and covering the space's residues "
-               f"({len(measured)} measured, fewer than {MIN_MEASURED} to fit on)")  # fmt: skip
+        rules = how.tolist()
+        why = (f"before any fit ({len(measured)} measured, fewer than {MIN_MEASURED}): the zero-shot joint "
+               "delta_logp's best and those covering the space's residues, half at random on combinations")  # fmt: skip
     picked = np.concatenate([np.arange(mine), picked]).astype(np.int64)
     rules = ["include"] * mine + rules
     return Batch(everything[picked], mean[picked], uncertainty[picked], scores[picked, 0], rules, why,

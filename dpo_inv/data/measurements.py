@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import csv
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from dpo_inv.data.records import DataError, Record, read_records
@@ -29,9 +29,9 @@ class Measurement:
 
 
 def read_measurements(path: str | Path, value_field: str | None = None) -> list[Measurement]:
-    """Every row of ``path`` (failed measurements: NaN); a file without a variant or value column, or a row
-    whose value is neither a finite number nor empty or `NA`, is a `DataError` naming the file (and the
-    row)."""
+    """Every row of ``path`` (failed measurements: NaN; rows of empty cells left out); a file without a
+    variant or value column, or a row whose value is neither a finite number nor empty or `NA`, is a
+    `DataError` naming the file (and the row)."""
     records = read_records(str(path))
     columns = {key for record in records for key in (record.data or {})}
     variant_field = next((f for f in VARIANT_FIELDS if f in columns), None)
@@ -46,10 +46,13 @@ def read_measurements(path: str | Path, value_field: str | None = None) -> list[
             "variant,value rows such as mutations,value / V39F:D40W,0.8 (ProteinGym's mutant,DMS_score too)"
         )
     measured, errors = [], []
-    written = _as_written(path, found_value, len(records))
-    for record, text in zip(records, written, strict=True):
+    for record, written in zip(records, _as_written(path, len(records)), strict=True):
+        if written is not None:  # a CSV row: its line and cells as written
+            record = replace(record, location=f"{path}:{written[0]}", data=written[1])
         row = record.data or {}
-        value = row.get(found_value) if text is None else text
+        if _empty(row):
+            continue
+        value = row.get(found_value)
         if value is None or (isinstance(value, str) and value.strip().upper() in FAILED):
             measured.append(variant_of(record, variant_field, math.nan))
             continue
@@ -69,13 +72,16 @@ def read_measurements(path: str | Path, value_field: str | None = None) -> list[
     return measured
 
 
-def _as_written(path: str | Path, column: str, rows: int) -> list[str | None]:
-    """A CSV file's ``column`` as written, row by row (its reader reads `nan`, `NA` and an empty cell all
-    as missing); None for each row of other formats."""
+def _as_written(path: str | Path, rows: int) -> list[tuple[int, dict[str, str]] | None]:
+    """A CSV file's rows as written, each with its line number (its reader reads `nan`, `NA` and an empty
+    cell all as missing, and skips lines of whitespace, as this does); None for each row of other formats."""
     if Path(path).suffix.lower() != ".csv":
         return [None] * rows
     with open(path, encoding="utf-8-sig", newline="") as handle:
-        return [row.get(column) or "" for row in csv.DictReader(handle)]
+        reader = csv.reader(handle)
+        header = next(reader)
+        return [(reader.line_num, dict(zip(header, cells, strict=False))) for cells in reader
+                if len(cells) > 1 or "".join(cells).strip()]  # fmt: skip
 
 
 def variant_of(record: Record, variant_field: str, value: float) -> Measurement:
@@ -85,7 +91,8 @@ def variant_of(record: Record, variant_field: str, value: float) -> Measurement:
 
 
 def read_variants(path: str | Path) -> list[Measurement]:
-    """The variants of ``path`` (candidates: a variant column, no value needed; their value is NaN)."""
+    """The variants of ``path`` (candidates: a variant column, no value needed; their value is NaN; rows of
+    empty cells left out)."""
     records = read_records(str(path))
     columns = {key for record in records for key in (record.data or {})}
     variant_field = next((f for f in VARIANT_FIELDS if f in columns), None)
@@ -94,4 +101,11 @@ def read_variants(path: str | Path) -> list[Measurement]:
             f"{path}: no variant column ({', '.join(VARIANT_FIELDS)}) among its columns "
             f"({', '.join(sorted(columns)) or 'none'}): name each candidate, e.g. mutations / V39F:D40W"
         )
-    return [variant_of(record, variant_field, math.nan) for record in records]
+    return [
+        variant_of(record, variant_field, math.nan) for record in records if not _empty(record.data or {})
+    ]
+
+
+def _empty(row: dict) -> bool:
+    """Whether every cell of ``row`` is empty (`,,` in CSV): no variant, no value."""
+    return not any(str(cell).strip() for cell in row.values() if cell is not None)
