@@ -58,6 +58,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from dpo_inv.campaign import acquisition
 from dpo_inv.campaign.acquisition import choose_batch, top_batch
 from dpo_inv.campaign.config import NOISE_LEVELS
 from dpo_inv.campaign.history import variant_tokens
@@ -298,6 +299,8 @@ def main() -> None:
     parser.add_argument("--first_round", choices=("random", "zero_shot"), default="random",
                         help="zero_shot: the batch propose picks before any measurement.")  # fmt: skip
     parser.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS))
+    parser.add_argument("--first_at_random", type=float,
+                        help="The share of propose's first batch drawn at random (default: propose's).")  # fmt: skip
     parser.add_argument("--prior_spearman", type=float, help="The zero-shot score's Spearman, by mixing.")
     parser.add_argument("--prior_seed", type=int, default=0, help="The seed of --prior_spearman's noise.")
     parser.add_argument("--synthetic", type=int, metavar="K", help="NK landscapes of epistasis K instead.")
@@ -308,6 +311,8 @@ def main() -> None:
                         help="Where a landscape's zero-shot scores are kept.")  # fmt: skip
     args = parser.parse_args()
     torch.set_num_threads(1)
+    if args.first_at_random is not None:
+        acquisition.FIRST_AT_RANDOM = args.first_at_random
     start = time.time()
     if args.landscape:
         problems = [landscape_problem(args.landscape, args.model, args.cache)]

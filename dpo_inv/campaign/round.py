@@ -113,7 +113,8 @@ def next_batch(state: CampaignState, scorer: Scorer, settings: RoundSettings) ->
         mean = uncertainty = np.full(rest, np.nan)
         rules = how.tolist()
         why = (f"before any fit ({len(measured)} measured, fewer than {MIN_MEASURED}): the zero-shot joint "
-               "delta_logp's best and those covering the space's residues, half at random on combinations")  # fmt: skip
+               "delta_logp's best and those covering the space's residues; on combinations, half at "
+               "random")  # fmt: skip
     picked = np.concatenate([np.arange(mine), picked]).astype(np.int64)
     rules = ["include"] * mine + rules
     return Batch(everything[picked], mean[picked], uncertainty[picked], scores[picked, 0], rules, why,
