@@ -299,8 +299,11 @@ def main() -> None:
     parser.add_argument("--first_round", choices=("random", "zero_shot"), default="random",
                         help="zero_shot: the batch propose picks before any measurement.")  # fmt: skip
     parser.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS))
-    parser.add_argument("--first_at_random", type=float,
-                        help="The share of the first batch drawn at random (default: propose's).")  # fmt: skip
+    parser.add_argument(
+        "--first_at_random",
+        type=float,
+        help="The share of the first batch drawn at random (default: propose's).",
+    )
     parser.add_argument("--prior_spearman", type=float, help="The zero-shot score's Spearman, by mixing.")
     parser.add_argument("--prior_seed", type=int, default=0, help="The seed of --prior_spearman's noise.")
     parser.add_argument("--synthetic", type=int, metavar="K", help="NK landscapes of epistasis K instead.")
