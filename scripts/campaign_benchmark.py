@@ -259,7 +259,7 @@ def campaign(
                 draw = seed + len(known)
                 chosen, mean, uncertainty = choose_batch(
                     p.variants[known], values[known], p.scores[known], p.variants[left], p.scores[left],
-                    p.parent, args.batch, "thompson", fit_seed=seed, draw_seed=draw, pairwise=False,
+                    p.parent, args.batch, "thompson", fit_seed=draw, draw_seed=draw, pairwise=False,
                     positional=False, substituted=False,
                 )  # fmt: skip
                 picked = left[chosen]

@@ -572,10 +572,18 @@ def test_the_campaign_benchmark_on_a_landscape_and_on_a_scan(tmp_path):
     kept = [line for line in lines[1:] if line.startswith(landscape["parent_combination"][:2])]
     (tmp_path / "variants.csv").write_text("\n".join([lines[0], *kept]) + "\n")
     assert len(kept) == 400
-    common = ["--rounds", "2", "--seeds", "2"]
+    common = ["--rounds", "2", "--seeds", "2", "--cache", str(tmp_path / "cache")]
     out = benchmark("--landscape", str(tmp_path), "--initial", "16", "--batch", "16", *common,
                     "--first_round", "zero_shot")  # fmt: skip
     check_runs(out, [16, 32, 48])
+    assert len(list((tmp_path / "cache").glob("*.npy"))) == 1  # the zero-shot scores, kept for the next run
+    # robustness: two NK landscapes on the same sites, the zero-shot score mixed until its Spearman is 0.3
+    command = [sys.executable, str(ROOT / "scripts" / "campaign_benchmark.py"), "--landscape", str(tmp_path),
+               "--initial", "16", "--batch", "16", *common, "--synthetic", "1", "--synthetic_count", "2",
+               "--prior_spearman", "0.3", "--methods", "dpo_inv", "random"]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "2 proteins, 800 variants" in result.stdout and "Spearman with the values 0.300" in result.stdout
     out = benchmark("--scan", str(EXAMPLE / "adapt" / "labelled.jsonl"), "--value_field", "label",
                     "--initial", "24", "--batch", "8", *common)  # fmt: skip
     check_runs(out, [24, 32, 40])

@@ -99,10 +99,10 @@ def next_batch(state: CampaignState, scorer: Scorer, settings: RoundSettings) ->
         scores = np.hstack([scores, np.r_[tuned, adapted.out_of_fold[0]][:, None]])
     mine, rest = len(included), len(included) + len(candidates)
     if len(measured) >= MIN_MEASURED and np.ptp(values) > 0:
-        draw_seed = settings.seed + len(measured)
+        seed = settings.seed + len(measured)  # each round its own bootstrap and draws
         picked, mean, uncertainty = choose_batch(measured, values, scores[rest:], everything[:rest],
                                                  scores[:rest], state.parent, wanted, settings.acquisition,
-                                                 settings.members, settings.seed, draw_seed, ca=state.ca,
+                                                 settings.members, seed, seed, ca=state.ca,
                                                  taken=mine)  # fmt: skip
         rules = [settings.acquisition] * len(picked)
         why = f"{settings.acquisition} on the ensemble of {settings.members} ({len(measured)} measured"
