@@ -45,10 +45,11 @@ class History:
 
 def read_history(space: DesignSpace, measured: list[MeasuredRound], listed: bool = False) -> History:
     """The variants of every round's rows; one variant with two values, a round whose file repeats an earlier
-    one's rows, or a row that names no variant of the designed chains is bad input; a row outside the
-    design space (a position that may not change, an amino acid not allowed, too many mutations) is left
-    out of the fit and named in a warning, as are, for the last round, proposals without a row and rows
-    that were never proposed. ``listed``: the space is a list of candidates, which measurements may leave."""
+    one's rows, or a row that names no variant of the designed chains is bad input; a row of a proposed
+    round outside the design space (a position that may not change, an amino acid not allowed, too many
+    mutations) is left out of the fit and named in a warning (measurements made before the campaign, a
+    scan of the whole protein say, are all fitted on), as are, for the last round, proposals without a
+    row and rows that were never proposed. ``listed``: the space is a list of candidates, which measurements may leave."""
     seen: dict[bytes, tuple[float, str, int]] = {}
     failed: dict[bytes, np.ndarray] = {}
     tokens_of: dict[bytes, np.ndarray] = {}
@@ -58,7 +59,7 @@ def read_history(space: DesignSpace, measured: list[MeasuredRound], listed: bool
         for row in round_.rows:
             tokens = variant_tokens(space, row)
             key = tokens.astype(np.int64).tobytes()
-            if not listed and not space.contains(tokens):
+            if round_.proposals is not None and not listed and not space.contains(tokens):
                 outside.append(row.variant or "WT")
                 round_keys.append(None)
                 continue
