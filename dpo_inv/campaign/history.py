@@ -49,7 +49,8 @@ def read_history(space: DesignSpace, measured: list[MeasuredRound], listed: bool
     round outside the design space (a position that may not change, an amino acid not allowed, too many
     mutations) is left out of the fit and named in a warning (measurements made before the campaign, a
     scan of the whole protein say, are all fitted on), as are, for the last round, proposals without a
-    row and rows that were never proposed. ``listed``: the space is a list of candidates, which measurements may leave."""
+    row and rows that were never proposed. ``listed``: the space is a list of candidates, which
+    measurements may leave."""
     seen: dict[bytes, tuple[float, str, int]] = {}
     failed: dict[bytes, np.ndarray] = {}
     tokens_of: dict[bytes, np.ndarray] = {}
