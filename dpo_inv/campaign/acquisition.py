@@ -183,11 +183,10 @@ def zero_shot_batch(candidates: np.ndarray, scores: np.ndarray, parent: np.ndarr
     """A first batch before any measurement: where the candidates combine mutations, ``at_random`` of it
     (default `FIRST_AT_RANDOM`) drawn at random (seeded by ``seed``), so that the predictor learns from
     variants the zero-shot ``scores`` did not choose (on single mutants none: each is its own context); of
-    the rest three
-    quarters cover the space, each the best-scored candidate holding one residue at one varied position
-    that no pick holds yet (the residues whose best candidate scores highest first), and a quarter are the
-    best-scored candidates not yet picked. Returns the picked indices and how each was picked (`random`,
-    `zero_shot_coverage`, `zero_shot`), best-scored first."""
+    the rest three quarters cover the space, each the best-scored candidate holding one residue at one
+    varied position that no pick holds yet (the residues whose best candidate scores highest first), and a
+    quarter are the best-scored candidates not yet picked. Returns the picked indices and how each was
+    picked (`random`, `zero_shot_coverage`, `zero_shot`), best-scored first."""
     combined = ((candidates != parent[None, :]).sum(1) > 1).any()
     share = (FIRST_AT_RANDOM if at_random is None else at_random) if combined else 0.0
     chance = np.random.default_rng(seed).choice(len(scores), int(round(share * batch)), replace=False)

@@ -11,7 +11,7 @@ from dpo_inv.campaign.folder import MeasuredRound
 from dpo_inv.data.measurements import Measurement
 from dpo_inv.data.records import DataError
 from dpo_inv.structures.parse import AMINO_ACIDS, tokenize
-from dpo_inv.tools.design_space import DesignSpace
+from dpo_inv.tools.design_space import DesignSpace, variant_key
 
 NAMED = 5  # variants named in a warning line before "and N more"
 
@@ -59,7 +59,7 @@ def read_history(space: DesignSpace, measured: list[MeasuredRound], listed: bool
         round_keys, outside = [], []
         for row in round_.rows:
             tokens = variant_tokens(space, row)
-            key = tokens.astype(np.int64).tobytes()
+            key = variant_key(tokens)
             if round_.proposals is not None and not listed and not space.contains(tokens):
                 outside.append(row.variant or "WT")
                 round_keys.append(None)
@@ -105,9 +105,7 @@ def read_history(space: DesignSpace, measured: list[MeasuredRound], listed: bool
 
 def _unmatched(round_: MeasuredRound, keys: list[bytes | None]) -> list[str]:
     """Warnings for the proposals of ``round_`` without a row and its rows that were never proposed."""
-    proposed = {
-        tokenize(row["sequence"]).astype(np.int64).tobytes(): row["mutations"] for row in round_.proposals
-    }
+    proposed = {variant_key(tokenize(row["sequence"])): row["mutations"] for row in round_.proposals}
     found = set(keys)
     missing = [name or "WT" for key, name in proposed.items() if key not in found]
     extra = [row.variant or "WT" for key, row in zip(keys, round_.rows, strict=True)

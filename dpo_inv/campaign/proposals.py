@@ -13,9 +13,9 @@ from dpo_inv.campaign.plot import RoundOutcome
 from dpo_inv.campaign.round import Batch
 from dpo_inv.data.records import write_json, write_text
 from dpo_inv.models.variants import round_metric
-from dpo_inv.structures.parse import ALPHABET
+from dpo_inv.structures.parse import ALPHABET, tokenize
 from dpo_inv.tools.adapt import Adapted
-from dpo_inv.tools.design_space import DesignSpace
+from dpo_inv.tools.design_space import DesignSpace, variant_key
 
 COLUMNS = "rank,mutations,sequence,predicted,uncertainty,zero_shot_delta_logp,picked_by"
 
@@ -69,15 +69,12 @@ def round_outcome(measured: MeasuredRound, keys: list[bytes | None],
         return RoundOutcome(
             measured.round, values, nothing, nothing, scores, np.array([value_of[k] for k in known])
         )
-    found = [(row, value_of[k]) for row in measured.proposals
-             if (k := _key(row["sequence"])) in value_of and np.isfinite(value_of[k])]  # fmt: skip
+    keys = [variant_key(tokenize(row["sequence"])) for row in measured.proposals]
+    found = [(row, value_of[k]) for row, k in zip(measured.proposals, keys, strict=True)
+             if k in value_of and np.isfinite(value_of[k])]  # fmt: skip
     rows = [row for row, _ in found]
     return RoundOutcome(measured.round, values, _column(rows, "predicted"), _column(rows, "uncertainty"),
                         _column(rows, "zero_shot_delta_logp"), np.array([v for _, v in found]))  # fmt: skip
-
-
-def _key(sequence: str) -> bytes:
-    return np.array([ALPHABET.index(a) for a in sequence], dtype=np.int64).tobytes()
 
 
 def _column(rows: list[dict[str, str]], name: str) -> np.ndarray:

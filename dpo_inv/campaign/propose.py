@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from dpo_inv.campaign.config import DESIGN_FIELDS, NOISE_LEVELS, ROUND_FIELDS, ProposeConfig
-from dpo_inv.campaign.folder import CampaignFolder
+from dpo_inv.campaign.folder import CampaignFolder, MeasuredRound
 from dpo_inv.campaign.history import History, read_history, variant_tokens
 from dpo_inv.campaign.plot import RoundOutcome, plot_campaign
 from dpo_inv.campaign.proposals import round_outcome, write_proposals
@@ -30,7 +30,7 @@ from dpo_inv.data.records import DataError, write_text
 from dpo_inv.models.combinations import MAX_ORDERS
 from dpo_inv.models.mpnn import ProteinMPNN
 from dpo_inv.models.weights import as_model
-from dpo_inv.tools.design_space import DesignSpace, read_design_space
+from dpo_inv.tools.design_space import DesignSpace, read_design_space, variant_key, variant_keys
 from dpo_inv.tools.reward_fn import RewardFunction, compute_rewards
 from dpo_inv.tools.sample import prepare_design
 from dpo_inv.training.launch import resolve_device, reuse_freed_memory
@@ -115,12 +115,12 @@ def included_variants(space: DesignSpace, config: ProposeConfig, history: Histor
     (one that failed may be measured again), at most `--batch_size` of them, else bad input."""
     if config.include is None:
         return None
-    listed = {v.astype(np.int64).tobytes() for v in candidates} if config.candidates is not None else None
-    done = {v.astype(np.int64).tobytes() for v in history.measured}
+    listed = set(variant_keys(candidates)) if config.candidates is not None else None
+    done = set(variant_keys(history.measured))
     variants = []
     for row in read_variants(config.include):
         tokens = variant_tokens(space, row)
-        key = tokens.astype(np.int64).tobytes()
+        key = variant_key(tokens)
         if key in done:
             raise DataError(f"{row.location}: {row.variant or 'the parent'} is measured already: include "
                             "variants not yet measured")  # fmt: skip
@@ -182,7 +182,7 @@ def propose_round(config: ProposeConfig, models: list[ProteinMPNN] | None = None
         write_proposals(folder.stage(n), n, space, batch, config.lower_is_better)
         saved = {name: getattr(config, name) for name in (*DESIGN_FIELDS, *ROUND_FIELDS)}
         out = folder.commit(n, saved, config.measurements)
-        summary = round_summary(folder, config, space, history, batch, n, out)
+        summary = round_summary(folder, config, space, measured, history, batch, n, out)
         folder.write_best(history.best(space, config.lower_is_better))
         summary["best_file"] = str(folder.best_file)
         summary["seconds"] = round(time.time() - start, 1)
@@ -190,34 +190,32 @@ def propose_round(config: ProposeConfig, models: list[ProteinMPNN] | None = None
     return summary
 
 
-def round_summary(folder: CampaignFolder, config: ProposeConfig, space: DesignSpace, history: History,
-                  batch: Batch, n: int, out: Path) -> dict[str, Any]:  # fmt: skip
-    """The summary line of round ``n``, with how the last measured round went, and the picture drawn."""
+def round_summary(folder: CampaignFolder, config: ProposeConfig, space: DesignSpace,
+                  measured: list[MeasuredRound], history: History, batch: Batch, n: int,
+                  out: Path) -> dict[str, Any]:  # fmt: skip
+    """The summary line of round ``n`` (``measured``: the rounds ``history`` was read from), with how the last
+    measured round went, and the picture drawn."""
     summary = {"round": n, "measured": len(history.values), "failed": len(history.failed),
                "candidates": batch.candidates, "proposed": len(batch.variants), "picked_by": batch.why,
                "proposals": str(out / "proposals.csv"), "fasta": str(out / "proposals.fasta"),
                "best_measured": None if not len(history.values) else
                float((min if config.lower_is_better else max)(history.values))}  # fmt: skip
-    zero_shot_of = {v.astype(np.int64).tobytes(): float(s)
+    zero_shot_of = {variant_key(v): float(s)
                     for v, s in zip(history.measured, batch.measured_zero_shot, strict=True)}  # fmt: skip
-    outcomes, parent_value = campaign_outcomes(folder, config, space, zero_shot_of)
+    outcomes = campaign_outcomes(measured, history, zero_shot_of)
+    parent_value = history.value_of(space.parent)
     if outcomes:
         summary["last_round"] = outcomes[-1].summary(config.lower_is_better)
         summary["picture"] = draw_or_note(folder, config, outcomes, parent_value)
     return summary
 
 
-def campaign_outcomes(folder: CampaignFolder, config: ProposeConfig, space: DesignSpace,
-                      zero_shot_of: dict[bytes, float] | None = None
-                      ) -> tuple[list[RoundOutcome], float | None]:  # fmt: skip
-    """Each measured round's values and what was predicted of its measured proposals; the parent's measured
-    value (None: not measured)."""
-    measured = folder.measured_rounds(config.value_field)
-    history = read_history(space, measured, listed=config.candidates is not None)
-    outcomes = [
-        round_outcome(m, keys, zero_shot_of or {}) for m, keys in zip(measured, history.keys, strict=True)
-    ]
-    return outcomes, history.value_of(space.parent)
+def campaign_outcomes(measured: list[MeasuredRound], history: History,
+                      zero_shot_of: dict[bytes, float] | None = None) -> list[RoundOutcome]:  # fmt: skip
+    """Each measured round's values and what was predicted of its measured proposals (``history``: read from
+    ``measured``)."""
+    pairs = zip(measured, history.keys, strict=True)
+    return [round_outcome(m, keys, zero_shot_of or {}) for m, keys in pairs]
 
 
 def draw(folder: CampaignFolder, config: ProposeConfig, outcomes: list[RoundOutcome],
@@ -245,7 +243,10 @@ def plot_campaign_folder(path: str | Path) -> Path:
     space, _ = read_design_space(config.structure, config.chain_id, config.positions, config.allowed_aas,
                                  config.max_mutations, config.parent)  # fmt: skip
     folder = CampaignFolder(Path(path))
-    outcomes, parent_value = campaign_outcomes(folder, config, space)
+    measured = folder.measured_rounds(config.value_field)
+    history = read_history(space, measured, listed=config.candidates is not None)
+    outcomes = campaign_outcomes(measured, history)
+    parent_value = history.value_of(space.parent)
     if not outcomes:
         raise DataError(f"{folder.path}: nothing measured yet, nothing to draw: write a round's measurements "
                         "(round_N/measurements.csv), then plot")  # fmt: skip

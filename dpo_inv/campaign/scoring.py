@@ -17,7 +17,7 @@ from dpo_inv.models.sampling import sample_sequences
 from dpo_inv.models.variants import conditional_log_probs
 from dpo_inv.structures.parse import ALPHABET, AMINO_ACIDS
 from dpo_inv.tools.adapt import Adapted, AdaptOptions, choose_and_train, variant_set
-from dpo_inv.tools.design_space import MAX_CANDIDATES, DesignSpace
+from dpo_inv.tools.design_space import MAX_CANDIDATES, DesignSpace, variant_keys
 
 # the adapted model trains on and scores one order of a combination's mutated positions (four: 3.4x as long)
 ADAPTED_ORDERS = 1
@@ -25,12 +25,6 @@ ADAPTED_ORDERS = 1
 SAMPLED_SETS = 128
 SAMPLES_PER_SET = 16
 SETS_PER_PASS = 16
-
-
-def variant_keys(variants: np.ndarray) -> np.ndarray:
-    """One bytes key per row of ``variants`` (tokens, of any integer type)."""
-    rows = np.ascontiguousarray(variants, dtype=np.uint8)
-    return np.array([row.tobytes() for row in rows])
 
 
 @dataclass

@@ -109,6 +109,16 @@ class DesignSpace:
         return np.concatenate(rows) if rows else np.zeros((0, len(self.parent)), dtype=np.uint8)
 
 
+def variant_key(variant: np.ndarray) -> bytes:
+    """A key of ``variant``'s tokens (of any integer type): equal variants, equal keys."""
+    return np.ascontiguousarray(variant, dtype=np.uint8).tobytes()
+
+
+def variant_keys(variants: np.ndarray) -> np.ndarray:
+    """`variant_key` of each row of ``variants`` ``[R, L]``."""
+    return np.array([variant_key(row) for row in variants])
+
+
 def parse_allowed(spec: str, positions: Sequence[str]) -> dict[str, str]:
     """``--allowed_aas``: ``"ACDE"`` for every position, or ``"39:AVILM 40:FWY"`` per position (author
     numbers; positions not named allow every amino acid)."""
