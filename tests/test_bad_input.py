@@ -5,6 +5,7 @@ record, what is wrong and the fix; training exits with status 2, without a trace
 import importlib.util
 import json
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -203,13 +204,16 @@ def test_bad_input_on_two_ranks_is_reported_once_by_rank_0(tmp_path):
 
 @pytest.mark.slow
 def test_an_eval_split_that_leaves_nothing_to_train_on_exits_2(tmp_path):
-    good = (BAD / "wrong_length.jsonl").read_text().splitlines()[0]  # one pair, one structure
-    data = tmp_path / "one.jsonl"
-    data.write_text(good.replace('"structures/', f'"{STRUCTURES}/') + "\n")
-    result = train(tmp_path, "--train_file", str(data), "--eval_split", "0.5")
+    good = json.loads((BAD / "wrong_length.jsonl").read_text().splitlines()[0])  # one pair
+    data = tmp_path / "two.jsonl"
+    names = ("a.pdb.gz", "b.pdb.gz")  # two structures
+    for name in names:
+        shutil.copy(STRUCTURES / "2xcjA.pdb.gz", tmp_path / name)
+    data.write_text("".join(json.dumps({**good, "pdb_file": name}) + "\n" for name in names))
+    result = train(tmp_path, "--train_file", str(data), "--eval_split", "0.9")
     assert result.returncode == EXIT_BAD_INPUT
     assert result.stderr.strip().splitlines()[-1] == (
-        f"{data}: eval_split=0.5 leaves no training structure out of 1; lower eval_split or give an eval_file"
+        f"{data}: eval_split=0.9 leaves no training structure out of 2; lower eval_split or give an eval_file"
     )
 
 

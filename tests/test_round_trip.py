@@ -34,8 +34,9 @@ def test_sample_score_pairs_train_sample_from_another_folder(tmp_path):
     summary = json.loads(command(work, "pairs", "scored/samples.jsonl", "--output", "pairs/train.jsonl",
                                  "--score_field", "logp", *cache).stdout)  # fmt: skip
     assert summary["pairs"] == 3
-    command(work, "train", "--train_file", "pairs/train.jsonl", "--eval_split", "0", "--max_steps", "2",
-            "--per_device_train_batch_size", "2", "--output_dir", "runs/dpo", *cache)  # fmt: skip
+    trained = command(work, "train", "--train_file", "pairs/train.jsonl", "--max_steps", "2",
+                      "--per_device_train_batch_size", "2", "--output_dir", "runs/dpo", *cache)  # fmt: skip
+    assert "Note: eval_split=0.1 holds out whole structures and the training data has one" in trained.stdout
     command(work, "sample", "--model", "runs/dpo/final", "--structure", "structures/2xcjA.pdb.gz",
             "--num_samples", "2", "--output_dir", "designs-2")  # fmt: skip
     again = [json.loads(line) for line in (work / "designs-2" / "samples.jsonl").read_text().splitlines()]

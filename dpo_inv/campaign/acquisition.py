@@ -22,12 +22,14 @@ from typing import Literal
 
 import numpy as np
 
+from dpo_inv.campaign.network import fit_networks
 from dpo_inv.tools.ridge import cross_validated, fit_ridge
 
 Acquisition = Literal["thompson", "ucb", "greedy"]
 MAX_PAIR_POSITIONS = 12  # pair features only where the measured variants vary at most this many positions
 FIRST_AT_RANDOM = 0.5  # the share of a first batch drawn at random (docs/campaigns.md: measured)
 ROWS_PER_CHUNK = 65_536  # candidates compared with the parent at a time (a [rows, L] mask)
+NETWORK_MEMBERS = 0  # neural-network members beside the ridge members, on a library of few positions
 NEAR_ANGSTROM = 10.0  # a mutation's weight on a position d Å away (Cα to Cα): exp(-d² / (2 · 10²))
 
 
@@ -228,5 +230,9 @@ def choose_batch(measured: np.ndarray, values: np.ndarray, measured_scores: np.n
         measured, values, measured_scores, parent, members, fit_seed, pairwise, positional, ca, substituted
     )
     predictions = ensemble.predict(candidates, candidate_scores)
+    if NETWORK_MEMBERS and ensemble.columns_of.pairwise:
+        networks = fit_networks(measured, values, measured_scores, ensemble.columns_of.positions,
+                                NETWORK_MEMBERS, fit_seed)  # fmt: skip
+        predictions = np.vstack([predictions, networks.predict(candidates, candidate_scores)])
     picked = top_batch(acquisition_values(predictions[:, taken:], rule, draw_seed), batch) + taken
     return picked, predictions.mean(0), np.sqrt(predictions.var(0) + ensemble.error**2)

@@ -92,7 +92,8 @@ class DPOConfig:
     eval_split: float = field(
         default=0.1,
         **field_help(
-            "Without eval_file: fraction of training structures (with all their pairs) held out; 0 = none."
+            "Without eval_file: fraction of training structures (with all their pairs) held out; 0 = none; "
+            "none from a single structure."
         ),
     )
     eval_variants_file: str | None = field(

@@ -46,10 +46,13 @@ class RunData:
     variants: LabelledVariants | None = None
 
 
-def split_by_structure(data: RecordSet, fraction: float, seed: int) -> tuple[RecordSet, RecordSet]:
-    """Hold out a seeded fraction of the structures with all their pairs (no structure in both splits)."""
+def split_by_structure(data: RecordSet, fraction: float, seed: int) -> tuple[RecordSet, RecordSet | None]:
+    """Hold out a seeded fraction of the structures with all their pairs (no structure in both splits);
+    nothing from a single structure, which `data_notes` announces."""
     structure_ids = column(data.records, "structure_id")
     unique = np.unique(structure_ids)
+    if len(unique) == 1:
+        return data, None
     num_eval = max(1, round(fraction * len(unique)))
     if num_eval >= len(unique):
         raise DataError(

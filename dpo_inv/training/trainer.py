@@ -290,8 +290,8 @@ def announce(run: Run, setup: str) -> None:
 
 
 def data_notes(config: DPOConfig, data: RunData, steps: Steps) -> list[str]:
-    """What would make a run not what its user meant: many passes over the data, or an eval split that
-    leaves a few structures to train on."""
+    """What would make a run not what its user meant: many passes over the data, an eval split that
+    leaves a few structures to train on or none to evaluate on."""
     notes = []
     unit = {"pairs": "pairs", "labelled": "sequences", "structures": "structure records"}[config.record_kind]
     passes = steps.total / steps.per_epoch
@@ -300,6 +300,11 @@ def data_notes(config: DPOConfig, data: RunData, steps: Steps) -> list[str]:
             f"{steps.total} optimizer steps pass over the {len(data.train.records)} training {unit} "
             f"{passes:.0f} times (more than {MAX_PASSES}), which overfits them; lower max_steps or give more "
             "data"
+        )
+    if config.eval_file is None and config.eval_split > 0 and data.eval is None:
+        notes.append(
+            f"eval_split={config.eval_split} holds out whole structures and the training data has one: "
+            "nothing held out, no eval metrics; give an eval_file to evaluate"
         )
     split = data.eval is not None and data.eval.source == data.train.source  # eval_split held out of train
     structures = len(np.unique(column(data.train.records, "structure_id"))) if split else None
