@@ -19,34 +19,54 @@ Data may be a file path, a list of dicts, a pandas DataFrame or a `datasets.Data
 `DataError` (a `ValueError`), one line per record. See docs/python.md.
 """
 
-from dpo_inv.campaign.propose import propose
-from dpo_inv.data.records import DataError
-from dpo_inv.models.mpnn import ProteinMPNN
-from dpo_inv.models.weights import load_model
-from dpo_inv.tools.adapt import AdaptOutput, adapt
-from dpo_inv.tools.pairs import make_pairs
-from dpo_inv.tools.rounds import RoundsConfig, rounds
-from dpo_inv.tools.sample import sample
-from dpo_inv.tools.scan import scan
-from dpo_inv.tools.score import score
-from dpo_inv.training.config import DPOConfig
-from dpo_inv.training.trainer import TrainOutput, train
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
 
 __version__ = "0.1.0"
-__all__ = [
-    "AdaptOutput",
-    "DPOConfig",
-    "DataError",
-    "ProteinMPNN",
-    "RoundsConfig",
-    "TrainOutput",
-    "adapt",
-    "load_model",
-    "make_pairs",
-    "propose",
-    "rounds",
-    "sample",
-    "scan",
-    "score",
-    "train",
-]
+API = {  # each name of the API and its module, imported on first use: `import dpo_inv` is quick
+    "AdaptOutput": "dpo_inv.tools.adapt",
+    "DPOConfig": "dpo_inv.training.config",
+    "DataError": "dpo_inv.data.records",
+    "ProteinMPNN": "dpo_inv.models.mpnn",
+    "RoundsConfig": "dpo_inv.tools.rounds",
+    "TrainOutput": "dpo_inv.training.trainer",
+    "adapt": "dpo_inv.tools.adapt",
+    "load_model": "dpo_inv.models.weights",
+    "make_pairs": "dpo_inv.tools.pairs",
+    "propose": "dpo_inv.campaign.propose",
+    "rounds": "dpo_inv.tools.rounds",
+    "sample": "dpo_inv.tools.sample",
+    "scan": "dpo_inv.tools.scan",
+    "score": "dpo_inv.tools.score",
+    "train": "dpo_inv.training.trainer",
+}
+__all__ = list(API)
+
+if TYPE_CHECKING:
+    from dpo_inv.campaign.propose import propose
+    from dpo_inv.data.records import DataError
+    from dpo_inv.models.mpnn import ProteinMPNN
+    from dpo_inv.models.weights import load_model
+    from dpo_inv.tools.adapt import AdaptOutput, adapt
+    from dpo_inv.tools.pairs import make_pairs
+    from dpo_inv.tools.rounds import RoundsConfig, rounds
+    from dpo_inv.tools.sample import sample
+    from dpo_inv.tools.scan import scan
+    from dpo_inv.tools.score import score
+    from dpo_inv.training.config import DPOConfig
+    from dpo_inv.training.trainer import TrainOutput, train
+
+
+def __getattr__(name: str):
+    """The API's functions and classes, imported when first used."""
+    if name not in API:
+        raise AttributeError(f"module 'dpo_inv' has no attribute {name!r}")
+    value = getattr(importlib.import_module(API[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *API])

@@ -1,6 +1,5 @@
-"""The commands: `dpo-inv COMMAND [options]`, `python -m dpo_inv COMMAND [options]` (and, for training,
-`python -m dpo_inv.run`, which launchers run). One runner parses every command's options, runs it and owns
-its exit status and its one-line errors.
+"""The runner: parses a command's options (`dpo_inv.commands` lists the commands), runs it and owns its
+exit status and its one-line errors.
 
 A command is a module of `dpo_inv.commands`: its docstring (the `--help` text), `Config` (the dataclass of
 its options), `run(config)`, and optionally `POSITIONAL = (field, METAVAR, what)`, a field that may also be
@@ -25,11 +24,10 @@ from trl import TrlParser
 from dpo_inv.data.progress import quiet_datasets
 from dpo_inv.data.records import DataError
 from dpo_inv.structures.parse import StructureError
-from dpo_inv.training.config import EXIT_BAD_INPUT
+from dpo_inv.training.exits import EXIT_BAD_INPUT
 from dpo_inv.training.launch import setup_environment, threads_per_process
 from dpo_inv.training.stopping import TrainingStopped, leave_process_group
 
-COMMANDS = ("train", "score", "scan", "sample", "pairs", "rounds", "adapt", "propose", "plot")
 BAD_INPUT = (StructureError, ValueError, OSError)  # besides DataError, which every rank raises together
 
 
@@ -142,11 +140,3 @@ def leave(status: int, ranks: int) -> NoReturn:
         sys.stderr.flush()
         os._exit(status)
     sys.exit(status)
-
-
-def main(args: list[str] | None = None, prog: str = "dpo-inv") -> None:
-    """`dpo-inv COMMAND [options]`."""
-    args = list(sys.argv[1:] if args is None else args)
-    if not args or args[0] not in COMMANDS:
-        sys.exit(f"usage: {prog} {{{','.join(COMMANDS)}}} [options]; see {prog} COMMAND --help")
-    run(args[0], args[1:], prog)

@@ -19,7 +19,7 @@ from test_train import env, metrics
 
 from dpo_inv.data.dataset import load_records
 from dpo_inv.data.records import DataError
-from dpo_inv.training.config import EXIT_BAD_INPUT
+from dpo_inv.training.exits import EXIT_BAD_INPUT
 
 BAD = ROOT / "tests" / "data" / "bad"
 STRUCTURES = BAD / "structures"

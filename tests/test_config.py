@@ -10,8 +10,11 @@ import pytest
 import yaml
 from conftest import ROOT
 
-from dpo_inv.cli import COMMANDS, parse
+import dpo_inv
+from dpo_inv.cli import parse
+from dpo_inv.commands import COMMANDS
 from dpo_inv.training.config import DPOConfig
+from dpo_inv.training.exits import EXIT_BAD_INPUT
 
 
 def parse_train(args: list[str]) -> DPOConfig:
@@ -194,7 +197,27 @@ def test_dpo_inv_command():
         assert result.returncode == 0 and "--model_name_or_path" in result.stdout
         assert result.stdout.startswith(f"usage: {name} train ")
     result = subprocess.run([*command, "fly"], capture_output=True, text=True)
-    assert result.returncode != 0 and "usage: python -m dpo_inv {train," in result.stderr
+    assert result.returncode == EXIT_BAD_INPUT and "usage: python -m dpo_inv COMMAND" in result.stderr
+
+
+def test_the_front_door_lists_every_command_and_imports_no_torch():
+    """`--help` a line per command, `--version`, and a mistyped command named with the closest one, exit
+    2: quick, because none of them imports torch (or anything else of the package's work)."""
+    probe = (
+        "import sys\nfrom dpo_inv.commands import main\ntry:\n    main(sys.argv[1:], 'dpo-inv')\n"
+        "except SystemExit as end:\n    print('status', end.code, 'torch' in sys.modules, file=sys.stderr)\n"
+    )
+    run = {args: subprocess.run([sys.executable, "-c", probe, *args], capture_output=True, text=True)
+           for args in (("--help",), ("--version",), ("socre",), ())}  # fmt: skip
+    assert all(result.stderr.endswith(" False\n") for result in run.values())  # torch never imported
+    listed = re.findall(r"^  (\w+) +\S", run[("--help",)].stdout, re.MULTILINE)
+    assert listed == list(COMMANDS) and run[("--help",)].stderr == "status 0 False\n"
+    assert run[("--version",)].stdout == f"dpo_inv {dpo_inv.__version__}\n"
+    assert run[("socre",)].stderr.splitlines()[-2:] == [
+        "dpo-inv: error: unknown command 'socre' (did you mean score?)",
+        f"status {EXIT_BAD_INPUT} False",
+    ]
+    assert "dpo-inv: error: no command given; choose from train, score, scan," in run[()].stderr
 
 
 def test_the_readme_says_how_long_the_example_trains():

@@ -4,7 +4,7 @@ import re
 import shlex
 from pathlib import Path
 
-from dpo_inv.cli import COMMANDS
+from dpo_inv.commands import COMMANDS
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]

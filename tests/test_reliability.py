@@ -24,7 +24,7 @@ from test_train import env, metrics, run, small_pairs, weights
 
 from dpo_inv.models.weights import _packaged_path, load_model
 from dpo_inv.training.checkpoints import checkpoint_problem, find_checkpoint, sorted_checkpoints
-from dpo_inv.training.config import EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_NONFINITE, EXIT_NOT_SAVED
+from dpo_inv.training.exits import EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_NONFINITE, EXIT_NOT_SAVED
 
 PY = sys.executable
 TRAIN = (PY, "-m", "dpo_inv.run")

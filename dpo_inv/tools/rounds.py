@@ -26,7 +26,8 @@ from dpo_inv.tools.pairs import STRATEGIES, PairsConfig, pairs_file
 from dpo_inv.tools.reward_fn import RewardError, RewardFunction, compute_rewards
 from dpo_inv.tools.sample import SampleOptions, sample_structure
 from dpo_inv.tools.targets import Targets, load_targets
-from dpo_inv.training.config import EXIT_BAD_INPUT, DPOConfig, field_help
+from dpo_inv.training.config import DPOConfig, field_help
+from dpo_inv.training.exits import EXIT_BAD_INPUT
 from dpo_inv.training.launch import say
 from dpo_inv.training.loading import load_data
 from dpo_inv.training.output_lock import output_lock

@@ -14,7 +14,8 @@ from accelerate import Accelerator
 from accelerate.utils import gather_object
 
 from dpo_inv.data.saved import file_sizes, size_problem
-from dpo_inv.training.config import EXIT_NOT_SAVED, DPOConfig
+from dpo_inv.training.config import DPOConfig
+from dpo_inv.training.exits import EXIT_NOT_SAVED
 from dpo_inv.training.stopping import TrainingStopped
 
 STATE_FILE = "trainer_state.json"

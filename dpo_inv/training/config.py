@@ -11,6 +11,7 @@ from accelerate.utils import LoggerType
 from dpo_inv.models.options import check_signs
 from dpo_inv.models.weights import LIGAND_CONTEXT_HELP, LIGAND_EXCLUDE_HELP
 from dpo_inv.training import kto, sft
+from dpo_inv.training.exits import EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_NONFINITE, EXIT_NOT_SAVED
 from dpo_inv.training.loss import LOSS_TYPES, METRICS
 
 TRACKER_PACKAGES = {  # the package each Accelerate tracker needs
@@ -22,10 +23,6 @@ PAIR_METRICS = (
     "eval_recovery",
 )
 VARIANT_METRICS = ("eval_spearman", "eval_spearman_median", "eval_native_recovery", "eval_native_logp")
-EXIT_BAD_INPUT = 2
-EXIT_INTERRUPTED = 3
-EXIT_NONFINITE = 4
-EXIT_NOT_SAVED = 5
 EPILOG = (
     f"Exit status: 0 when training finished; {EXIT_BAD_INPUT} on bad input: a bad option, or bad "
     "records, each reported on one line naming the file, the record, what is wrong and the fix; "

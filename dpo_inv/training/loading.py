@@ -31,7 +31,8 @@ from dpo_inv.models.mpnn import ProteinMPNN
 from dpo_inv.models.variants import LabelledVariants, variant_labels
 from dpo_inv.models.weights import model_parse_options
 from dpo_inv.structures.context import empty_context_note
-from dpo_inv.training.config import EXIT_BAD_INPUT, DPOConfig
+from dpo_inv.training.config import DPOConfig
+from dpo_inv.training.exits import EXIT_BAD_INPUT
 from dpo_inv.training.launch import say
 from dpo_inv.training.loss import batch_ranks, pair_logps
 from dpo_inv.training.stopping import TrainingStopped

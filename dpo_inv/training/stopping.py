@@ -15,7 +15,7 @@ import torch
 from accelerate import Accelerator
 
 from dpo_inv.data.records import DataError
-from dpo_inv.training.config import EXIT_INTERRUPTED, EXIT_NONFINITE
+from dpo_inv.training.exits import EXIT_INTERRUPTED, EXIT_NONFINITE
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)  # what PBS and SLURM send before the walltime
 
