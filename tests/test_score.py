@@ -4,6 +4,7 @@ import importlib.resources
 import json
 import subprocess
 import sys
+from dataclasses import replace
 
 import numpy as np
 import pandas
@@ -82,7 +83,9 @@ def test_reference_gives_rewards(tmp_path):
     summary = score_file(config)
     scored = read(out)
     margins = [(r["preferred_reward"] - r["unpreferred_reward"]) for r in scored]
-    assert summary["accuracy_by"] == "reward"
+    assert summary["accuracy_by"] == "reward" and summary["beta"] == 0.1  # TRL's rewards, β-scaled
+    unscaled = score_file(replace(config, beta=1.0, output=str(tmp_path / "unscaled.jsonl")))
+    assert summary["mean_margin"] == pytest.approx(0.1 * unscaled["mean_margin"], abs=1e-3)
     assert summary["accuracy"] == pytest.approx(np.mean([m > 0 for m in margins]), abs=1e-4)  # rounded
     assert summary["mean_margin"] == pytest.approx(np.mean(margins), abs=1e-4)
     assert all(r["preferred_reward"] != 0 for r in scored)

@@ -107,6 +107,11 @@ class ScoreOptions(StructureOptions, ModelOptions):
             "proteins it was fitted on; the Spearman reported is then of that prediction."
         },
     )
+    beta: float = field(
+        default=0.1,
+        metadata={"help": "Pairs with a --reference: rewards are beta · (policy − reference log p), as "
+                  "TRL's; give the training run's beta to compare with the margin it logged."},
+    )  # fmt: skip
     num_orders: int = field(default=1, metadata={"help": "Decoding orders per record; log p is averaged."})
     seed: int = field(
         default=42, metadata={"help": "Seed of the random decoding orders (the trainer's seed)."}
@@ -114,7 +119,7 @@ class ScoreOptions(StructureOptions, ModelOptions):
     batch_size: int = field(default=16, metadata={"help": "Records per batch."})
 
     def __post_init__(self) -> None:
-        check_signs(self, positive=("num_orders", "batch_size"), non_negative=("seed",))
+        check_signs(self, positive=("num_orders", "batch_size", "beta"), non_negative=("seed",))
 
 
 @dataclass
@@ -150,22 +155,21 @@ def score_dataset(
     ]
 
 
-def score_pairs(rows: list[dict], policy: PairLogps, reference: PairLogps | None) -> dict:
-    """Add log p (and rewards) to each pair; accuracy and mean margin."""
+def score_pairs(rows: list[dict], policy: PairLogps, reference: PairLogps | None, beta: float) -> dict:
+    """Add log p (and rewards, β-scaled as TRL's and the trainer's) to each pair; accuracy and mean margin."""
     for i, row in enumerate(rows):
         row.update(preferred_logp=float(policy.chosen[i]), unpreferred_logp=float(policy.rejected[i]))
-    margin = policy.chosen - policy.rejected
-    if reference is not None:
-        chosen_reward = policy.chosen - reference.chosen
-        rejected_reward = policy.rejected - reference.rejected
-        for i, row in enumerate(rows):
-            row.update(preferred_reward=float(chosen_reward[i]), unpreferred_reward=float(rejected_reward[i]))
-        margin = chosen_reward - rejected_reward
-    return {
-        "accuracy": round_metric((margin > 0).float().mean()),
-        "mean_margin": round_metric(margin.mean()),
-        "accuracy_by": "reward" if reference is not None else "logp",
-    }
+    if reference is None:
+        margin = policy.chosen - policy.rejected
+        return {"accuracy": round_metric((margin > 0).float().mean()),
+                "mean_margin": round_metric(margin.mean()), "accuracy_by": "logp"}  # fmt: skip
+    chosen_reward = beta * (policy.chosen - reference.chosen)
+    rejected_reward = beta * (policy.rejected - reference.rejected)
+    for i, row in enumerate(rows):
+        row.update(preferred_reward=float(chosen_reward[i]), unpreferred_reward=float(rejected_reward[i]))
+    margin = chosen_reward - rejected_reward
+    return {"accuracy": round_metric((margin > 0).float().mean()), "mean_margin": round_metric(margin.mean()),
+            "accuracy_by": "reward", "beta": beta}  # fmt: skip
 
 
 def predict_labels(
@@ -342,7 +346,8 @@ def score_records(
     if is_pairs:
         models = [m.to(device).eval() for m in (model, *([reference] if reference is not None else []))]
         policy, *reference_logps = score_dataset(models, dataset, config, device)
-        summary.update(score_pairs(rows, policy, reference_logps[0] if reference_logps else None))
+        reference_logp = reference_logps[0] if reference_logps else None
+        summary.update(score_pairs(rows, policy, reference_logp, config.beta))
     else:
         locations = [record.location for record in records]
         sequence_summary, table = score_sequences(
