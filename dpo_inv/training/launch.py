@@ -168,6 +168,19 @@ def reuse_freed_memory() -> None:
     mallopt(m_trim_threshold, 2**31 - 1)  # the heap's free top kept up to 2 GiB
 
 
+def cpu_computes_bf16(cpuinfo: str | None = None) -> bool | None:
+    """Whether this CPU computes in bf16 natively (AVX-512 BF16 or AMX, from Linux's /proc/cpuinfo, or
+    ``cpuinfo``'s text); None where that cannot be read. Without it bf16 autocast is emulated, and slower
+    than fp32 (docs/benchmarks.md)."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return None
+    first = re.search(r"^flags\s*:(.*)$", cpuinfo, re.MULTILINE)
+    return first is not None and bool({"avx512_bf16", "amx_bf16"} & set(first[1].split()))
+
+
 def device_backend(requested: str | None = None) -> tuple[str, str | None]:
     """(device type, process-group backend): cuda → nccl, Intel XPU → xccl when torch has it natively,
     else ccl from the `[xpu]` extra, cpu → gloo. `requested` overrides the backend."""

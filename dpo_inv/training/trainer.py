@@ -42,6 +42,7 @@ from dpo_inv.training.checkpoints import (
 from dpo_inv.training.config import DPOConfig
 from dpo_inv.training.evaluation import describe, eval_structures, run_evaluation, update_best
 from dpo_inv.training.launch import (
+    cpu_computes_bf16,
     device_backend,
     reuse_freed_memory,
     say,
@@ -285,7 +286,11 @@ def announce(run: Run, setup: str) -> None:
         f"{accelerator.device} ({setup}); batch {config.per_device_train_batch_size} per device, global "
         f"batch {global_batch * config.gradient_accumulation_steps}; {run.steps.total} optimizer steps",
     )
-    for note in data_notes(config, data, run.steps):
+    emulated = accelerator.device.type == "cpu" and config.mixed_precision == "bf16"
+    emulated = emulated and cpu_computes_bf16() is False
+    bf16_note = "bf16 autocast on a CPU without native bf16 (AVX-512 BF16 or AMX) is emulated, several times "
+    bf16_note += "slower than fp32 (docs/benchmarks.md): --mixed_precision no"
+    for note in [*data_notes(config, data, run.steps), *([bf16_note] if emulated else [])]:
         say(accelerator, f"Note: {note}")
 
 
