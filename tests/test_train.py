@@ -243,3 +243,24 @@ def test_many_passes_and_a_split_that_leaves_few_structures_are_announced(tmp_pa
     ]
     hundred = dataclasses.replace(config, max_steps=100)  # 100 passes, no split: nothing to say
     assert data_notes(hundred, RunData(train), Steps.plan(hundred, 1)) == []
+
+
+def test_plots_draw_a_small_change_small_and_rounds_as_integers(tmp_path):
+    """The rounds' recovery went 0.4262, 0.4255, 0.4259: the axis spans a tenth of that, with no offset,
+    and the rounds are whole numbers on it."""
+    import matplotlib.pyplot as plt
+
+    from dpo_inv.training.plot import plot_rounds, show_changes_at_scale
+
+    figure, axes = plt.subplots()
+    axes.plot([0, 1, 2], [0.4262, 0.4255, 0.4259])
+    show_changes_at_scale(axes, [0.4262, 0.4255, 0.4259])
+    low, high = axes.get_ylim()
+    assert high - low == pytest.approx(0.04262) and low < 0.4255 and high > 0.4262
+    figure.canvas.draw()
+    assert axes.yaxis.get_offset_text().get_text() == ""
+    plt.close(figure)
+    rounds = [{"round": r, "mean_reward": -0.2 + r / 20, "median_reward": -0.2, "best_reward": 0.0,
+               "recovery": 0.426 + r / 10_000, "diversity": 0.7} for r in range(3)]  # fmt: skip
+    (tmp_path / "rounds.jsonl").write_text("".join(json.dumps(line) + "\n" for line in rounds))
+    assert plot_rounds(tmp_path).is_file()

@@ -70,7 +70,7 @@ def plot_scan(path: Path, scan: Scan, title: str) -> None:
     turned = scan.predicted is not None and scan.lower_is_better
     direction = " (lower is better: sign turned)" if turned else ""
     colorbar = figure.colorbar(image, cax=figure.add_subplot(grid[1, 1]))
-    colorbar.set_label(f"{what} vs wild type{direction}; blue better", fontsize=7)
+    colorbar.set_label(f"{what} vs wild type{direction}; blue better; • the wild type", fontsize=7)
     colorbar.ax.tick_params(labelsize=6)
     figure.savefig(path, dpi=150, bbox_inches="tight")
     plt.close(figure)

@@ -18,6 +18,17 @@ FIGURES = {
 }
 
 
+def show_changes_at_scale(axes, values: list[float]) -> None:
+    """A y axis at least a tenth of the values' size tall, without an offset: 0.4255 to 0.4262 draws as
+    the flat line it is, not as a fall across the figure."""
+    low, high = min(values), max(values)
+    least = 0.1 * max(abs(low), abs(high))
+    if high - low < least:
+        middle = (low + high) / 2
+        axes.set_ylim(middle - least / 2, middle + least / 2)
+    axes.ticklabel_format(axis="y", useOffset=False)
+
+
 def plot(output_dir: str | Path) -> list[Path]:
     """Write one PNG per figure into `output_dir/plots`; returns the files written."""
     import matplotlib
@@ -41,6 +52,7 @@ def plot(output_dir: str | Path) -> list[Path]:
         figure, axes = plt.subplots(figsize=(6, 4))
         for label, style, points in series:
             axes.plot(*zip(*points, strict=True), style, label=label, markersize=3)
+        show_changes_at_scale(axes, [value for *_, points in series for _, value in points])
         axes.set_xlabel("optimizer step")
         axes.set_title(name.replace("_", " "))
         axes.grid(alpha=0.3)
@@ -63,6 +75,7 @@ def plot_rounds(output_dir: str | Path) -> Path:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     output_dir = Path(output_dir)
     lines = [json.loads(line) for line in (output_dir / "rounds.jsonl").read_text().splitlines() if line]
@@ -70,6 +83,8 @@ def plot_rounds(output_dir: str | Path) -> Path:
     for ax, (title, metrics) in zip(axes, ROUND_FIGURES, strict=True):
         for metric in metrics:
             ax.plot([line["round"] for line in lines], [line[metric] for line in lines], "o-", label=metric)
+        show_changes_at_scale(ax, [line[metric] for line in lines for metric in metrics])
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_xlabel("sampling pass (round)")
         ax.set_title(title)
         ax.grid(alpha=0.3)
