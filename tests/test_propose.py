@@ -12,6 +12,7 @@ import pytest
 import torch
 from conftest import EXAMPLE, ROOT
 
+from dpo_inv.campaign import exploring
 from dpo_inv.campaign.acquisition import (
     choose_batch,
     fit_ensemble,
@@ -330,8 +331,8 @@ def test_nearness_carries_a_measured_region_to_positions_never_measured():
     left = np.setdiff1d(np.arange(len(positions)), measured)
     zero = np.zeros(len(positions))
     for where, better in ((ca, True), (None, False)):
-        _, mean, _ = choose_batch(variants[measured], values[measured], zero[measured], variants[left],
-                                  zero[left], parent, 4, "greedy", ca=where)  # fmt: skip
+        _, mean, _, _ = choose_batch(variants[measured], values[measured], zero[measured], variants[left],
+                                     zero[left], parent, 4, "greedy", ca=where)  # fmt: skip
         rho = spearman(mean, -distance[np.array(positions)[left]])
         assert (rho > 0.5) if better else (np.isnan(rho) or abs(rho) < 0.3), rho
 
@@ -357,8 +358,8 @@ def test_mutations_to_one_residue_inform_that_residue_at_positions_never_measure
     assert len(np.unique(positions[measured])) > 12  # too many positions for pairs
     zero = np.zeros(len(singles))
     for substituted in (True, False):
-        _, mean, _ = choose_batch(variants[measured], values[measured], zero[measured], variants[left],
-                                  zero[left], parent, 4, "greedy", substituted=substituted)  # fmt: skip
+        _, mean, _, _ = choose_batch(variants[measured], values[measured], zero[measured], variants[left],
+                                     zero[left], parent, 4, "greedy", substituted=substituted)  # fmt: skip
         seen = np.isin(residues[left], residues[measured])  # a residue never measured gets no weight
         rho = spearman(mean[seen], values[left][seen])
         assert (rho > 0.95) if substituted else np.ptp(mean) < 1e-9, rho
@@ -382,8 +383,9 @@ def test_the_uncertainty_covers_measurements_the_predictor_has_not_seen():
     tokens = {name: np.array([tokenize(r["sequence"]) for r in rows[name]]) for name in rows}
     labels = {name: np.array([r["label"] for r in rows[name]]) for name in rows}
     measured, left = tokens["labelled"][:48], tokens["candidates"]
-    _, mean, uncertainty = choose_batch(measured, labels["labelled"][:48], np.zeros(48), left,
-                                        np.zeros(len(left)), space.parent, 8, "thompson", ca=ca)  # fmt: skip
+    _, mean, uncertainty, _ = choose_batch(measured, labels["labelled"][:48], np.zeros(48), left,
+                                           np.zeros(len(left)), space.parent, 8, "thompson",
+                                           ca=ca)  # fmt: skip
     ensemble = fit_ensemble(measured, labels["labelled"][:48], np.zeros((48, 1)), space.parent, ca=ca)
     spread = ensemble.predict(left, np.zeros((len(left), 1))).std(0)
     assert ensemble.error > 0
@@ -587,3 +589,51 @@ def test_the_campaign_benchmark_on_a_landscape_and_on_a_scan(tmp_path):
     out = benchmark("--scan", str(EXAMPLE / "adapt" / "labelled.jsonl"), "--value_field", "label",
                     "--initial", "24", "--batch", "8", *common)  # fmt: skip
     check_runs(out, [24, 32, 40])
+
+
+def trpb_library() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The TrpB four-site landscape of ../shared/campaign/trpb: each combination's residues at the sites (as
+    tokens), its fitness, and the backbone's residues there."""
+    folder = ROOT.parent / "shared" / "campaign" / "trpb"
+    landscape = json.loads((folder / "landscape.json").read_text())
+    rows = [line.split(",") for line in (folder / "variants.csv").read_text().splitlines()[1:]]
+    tokens = np.array([tokenize(variant) for variant, _ in rows])
+    parent = tokenize("".join(landscape["wildtype_seq"][i] for i in landscape["site_indices"]))
+    return tokens, np.array([float(value) for _, value in rows]), parent
+
+
+def test_a_batch_on_a_library_tries_residues_beside_the_best(monkeypatch):
+    """A campaign on the TrpB four-site landscape (real fitness, no zero-shot score), 96 at random then
+    rounds of 96: each round a quarter of the batch are single substitutions of the three best measured
+    (`near_best`: each residue tried beside the best residues found), the rest the highest Thompson draws;
+    once the draws gather elsewhere, the batch differs from the draws alone; on single mutants the batch is
+    the highest draws alone."""
+    tokens, fitness, parent = trpb_library()
+    measured = np.random.default_rng(0).choice(len(tokens), 96, replace=False)
+    zero = np.zeros(len(tokens))
+
+    def batch(share: float) -> tuple[np.ndarray, np.ndarray]:
+        monkeypatch.setattr(exploring, "NEAR_SHARE", share)
+        left = np.setdiff1d(np.arange(len(tokens)), measured)
+        seed = len(measured)
+        picked, _, _, rules = choose_batch(tokens[measured], fitness[measured], zero[measured], tokens[left],
+                                           zero[left], parent, 96, "thompson", fit_seed=seed,
+                                           draw_seed=seed)  # fmt: skip
+        return left[picked], np.array(rules)
+
+    differs = []
+    for _ in range(3):
+        picked, rules = batch(0.25)
+        best = tokens[measured[np.argsort(-fitness[measured])[:3]]]
+        near = (tokens[picked][:, None, :] != best[None, :, :]).sum(-1).min(1) == 1
+        assert (rules == "near_best").sum() == 24 and near[rules == "near_best"].all()
+        alone, rules_alone = batch(0.0)
+        assert set(rules_alone) == {"thompson"}
+        differs.append(set(alone) != set(picked))
+        measured = np.concatenate([measured, picked])
+    assert any(differs), differs
+    singles = np.flatnonzero((tokens != parent).sum(1) == 1)[:60]  # singles at the four sites
+    _, _, _, rules = choose_batch(tokens[singles[:20]], fitness[singles[:20]], zero[:20],
+                                  tokens[singles[20:]], zero[:40], parent, 8, "thompson",
+                                  pairwise=False)  # fmt: skip
+    assert rules == ["thompson"] * 8

@@ -9,7 +9,9 @@ are), and model scores as unpenalised features (the zero-shot score, and an adap
 on bootstrap resamples of the measurements give a mean and a spread. A prediction's uncertainty is that
 spread and the error cross-validation finds beyond it (what the members agree on and still get wrong on
 measurements they were not fitted on). The batch is the B candidates not yet measured with the highest
-draw: Thompson sampling (each candidate's value drawn from one member), UCB (mean + spread) or greedy (mean).
+draw: Thompson sampling (each candidate's value drawn from one member), UCB (mean + spread) or greedy (mean);
+on a library of few positions a quarter of the batch goes to single substitutions of the best measured
+(`dpo_inv.campaign.exploring`).
 Before there is anything to fit on, the batch is the zero-shot score's: three quarters covering the residues
 of the space, a quarter its best (`zero_shot_batch`).
 """
@@ -22,14 +24,13 @@ from typing import Literal
 
 import numpy as np
 
-from dpo_inv.campaign.network import fit_networks
+from dpo_inv.campaign.exploring import exploring_batch
 from dpo_inv.tools.ridge import cross_validated, fit_ridge
 
 Acquisition = Literal["thompson", "ucb", "greedy"]
 MAX_PAIR_POSITIONS = 12  # pair features only where the measured variants vary at most this many positions
 FIRST_AT_RANDOM = 0.5  # the share of a first batch drawn at random (docs/campaigns.md: measured)
 ROWS_PER_CHUNK = 65_536  # candidates compared with the parent at a time (a [rows, L] mask)
-NETWORK_MEMBERS = 0  # neural-network members beside the ridge members, on a library of few positions
 NEAR_ANGSTROM = 10.0  # a mutation's weight on a position d Å away (Cα to Cα): exp(-d² / (2 · 10²))
 
 
@@ -218,21 +219,25 @@ def choose_batch(measured: np.ndarray, values: np.ndarray, measured_scores: np.n
                  members: int = 10, fit_seed: int = 0, draw_seed: int = 0,
                  pairwise: bool = True, positional: bool = True, ca: np.ndarray | None = None,
                  substituted: bool = True,
-                 taken: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # fmt: skip
+                 taken: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[str]]:  # fmt: skip
     """The batch of ``candidates`` (indices, best first) that ``rule`` picks from the ensemble fitted on the
     measured variants, and the ensemble's mean and uncertainty (the members' spread and the ensemble's
     `error`, in quadrature) for every candidate; the model scores are
     ``[N]`` or ``[N, S]`` (several models); ``ca``: the residues' Cα coordinates, for nearness features;
-    the first ``taken`` candidates are in the batch already (predicted, not picked)."""
+    the first ``taken`` candidates are in the batch already (predicted, not picked); and what picked each
+    (``rule``, or on a library of few positions `near_best`: `exploring_batch`)."""
     measured_scores = measured_scores.reshape(len(measured), -1)
     candidate_scores = candidate_scores.reshape(len(candidates), -1)
     ensemble = fit_ensemble(
         measured, values, measured_scores, parent, members, fit_seed, pairwise, positional, ca, substituted
     )
     predictions = ensemble.predict(candidates, candidate_scores)
-    if NETWORK_MEMBERS and ensemble.columns_of.pairwise:
-        networks = fit_networks(measured, values, measured_scores, ensemble.columns_of.positions,
-                                NETWORK_MEMBERS, fit_seed)  # fmt: skip
-        predictions = np.vstack([predictions, networks.predict(candidates, candidate_scores)])
-    picked = top_batch(acquisition_values(predictions[:, taken:], rule, draw_seed), batch) + taken
-    return picked, predictions.mean(0), np.sqrt(predictions.var(0) + ensemble.error**2)
+    draws = acquisition_values(predictions[:, taken:], rule, draw_seed)
+    if ensemble.columns_of.pairwise:  # a library of few positions
+        sites = ensemble.columns_of.positions
+        picked, rules = exploring_batch(
+            draws, candidates[taken:, sites], measured[:, sites], values, batch, rule
+        )
+    else:
+        picked, rules = top_batch(draws, batch), [rule] * batch
+    return picked + taken, predictions.mean(0), np.sqrt(predictions.var(0) + ensemble.error**2), rules

@@ -100,13 +100,14 @@ def next_batch(state: CampaignState, scorer: Scorer, settings: RoundSettings) ->
     mine, rest = len(included), len(included) + len(candidates)
     if len(measured) >= MIN_MEASURED and np.ptp(values) > 0:
         seed = settings.seed + len(measured)  # each round its own bootstrap and draws
-        picked, mean, uncertainty = choose_batch(measured, values, scores[rest:], everything[:rest],
-                                                 scores[:rest], state.parent, wanted, settings.acquisition,
-                                                 settings.members, seed, seed, ca=state.ca,
-                                                 taken=mine)  # fmt: skip
-        rules = [settings.acquisition] * len(picked)
+        picked, mean, uncertainty, rules = choose_batch(measured, values, scores[rest:], everything[:rest],
+                                                        scores[:rest], state.parent, wanted,
+                                                        settings.acquisition, settings.members, seed, seed,
+                                                        ca=state.ca, taken=mine)  # fmt: skip
         why = f"{settings.acquisition} on the ensemble of {settings.members} ({len(measured)} measured"
         why += f"; model {adapted.decision})" if adapted else ")"
+        if "near_best" in rules:
+            why += "; a quarter of it single substitutions of the best measured"
     else:
         picked, how = zero_shot_batch(candidates, scores[mine:rest, 0], state.parent, wanted, settings.seed)
         picked = picked + mine
