@@ -31,8 +31,8 @@ Robustness, without new measurements:
 Methods, in the same runs:
 - dpo_inv: `propose`'s round function (`dpo_inv.campaign.round.next_batch`) with `propose`'s defaults:
   adapting where every measured variant is a single mutant (`--adapt`/`--no-adapt` force it), the ensemble
-  and its batch rule (on a library of few positions with a share of single substitutions of the best
-  measured: `--near_share`);
+  and its batch rule (on a library of few positions with a share far from the best measured:
+  `--far_share`);
 - augmented_ridge: the same ensemble of ridge fits and Thompson sampling on one-hot and zero-shot features
   only (MLDE-style);
 - greedy_zero_shot: the zero-shot joint score's best not yet measured;
@@ -305,8 +305,8 @@ def main() -> None:
         type=float,
         help="The share of the first batch drawn at random (default: propose's).",
     )
-    parser.add_argument("--near_share", type=float,
-                        help="The share of a batch on a library given to single substitutions of the best "
+    parser.add_argument("--far_share", type=float,
+                        help="The share of a batch on a library given to candidates far from the best "
                         "measured (default: propose's).")  # fmt: skip
     parser.add_argument("--prior_spearman", type=float, help="The zero-shot score's Spearman, by mixing.")
     parser.add_argument("--prior_seed", type=int, default=0, help="The seed of --prior_spearman's noise.")
@@ -320,8 +320,8 @@ def main() -> None:
     torch.set_num_threads(1)
     if args.first_at_random is not None:
         acquisition.FIRST_AT_RANDOM = args.first_at_random
-    if args.near_share is not None:
-        exploring.NEAR_SHARE = args.near_share
+    if args.far_share is not None:
+        exploring.FAR_SHARE = args.far_share
     start = time.time()
     if args.landscape:
         problems = [landscape_problem(args.landscape, args.model, args.cache)]

@@ -10,7 +10,7 @@ on bootstrap resamples of the measurements give a mean and a spread. A predictio
 spread and the error cross-validation finds beyond it (what the members agree on and still get wrong on
 measurements they were not fitted on). The batch is the B candidates not yet measured with the highest
 draw: Thompson sampling (each candidate's value drawn from one member), UCB (mean + spread) or greedy (mean);
-on a library of few positions a quarter of the batch goes to single substitutions of the best measured
+on a library of few positions a quarter of the batch goes far from the best measured
 (`dpo_inv.campaign.exploring`).
 Before there is anything to fit on, the batch is the zero-shot score's: three quarters covering the residues
 of the space, a quarter its best (`zero_shot_batch`).
@@ -225,7 +225,7 @@ def choose_batch(measured: np.ndarray, values: np.ndarray, measured_scores: np.n
     `error`, in quadrature) for every candidate; the model scores are
     ``[N]`` or ``[N, S]`` (several models); ``ca``: the residues' Cα coordinates, for nearness features;
     the first ``taken`` candidates are in the batch already (predicted, not picked); and what picked each
-    (``rule``, or on a library of few positions `near_best`: `exploring_batch`)."""
+    (``rule``, or on a library of few positions `far`: `exploring_batch`)."""
     measured_scores = measured_scores.reshape(len(measured), -1)
     candidate_scores = candidate_scores.reshape(len(candidates), -1)
     ensemble = fit_ensemble(

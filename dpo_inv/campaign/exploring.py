@@ -1,31 +1,31 @@
 """A batch that keeps exploring a library of few positions: beside the rule's highest draws, a share of the
-batch goes to the single substitutions of the best variants measured, so that every residue is tried beside
-the best residues found. Thompson sampling alone locks in: a residue measured only beside poor ones looks
-poor to every member, its pairs with the best residues, never measured, weigh nothing, and batch after batch
-gathers round the best found."""
+batch goes far from the best variants measured. Thompson sampling alone locks in: the batch gathers round the
+best found, a residue measured only beside poor ones looks poor to every member, and its pairs with residues
+never measured beside it weigh nothing, so another region that holds the best is never measured again."""
 
 from __future__ import annotations
 
 import numpy as np
 
-NEAR_SHARE = 0.25  # of the batch: single substitutions of the NEAR_OF best measured variants
-NEAR_OF = 3
+FAR_SHARE = 0.25  # of the batch: candidates FAR_DISTANCE or more substitutions from each of the FAR_OF best
+FAR_DISTANCE = 3
+FAR_OF = 10
 
 
 def exploring_batch(draws: np.ndarray, candidates: np.ndarray, measured: np.ndarray, values: np.ndarray,
                     batch: int, rule: str) -> tuple[np.ndarray, list[str]]:  # fmt: skip
     """The batch (indices into ``candidates [R, P]``, the residues at a library's P positions; highest
-    ``draws`` first) from the rule's ``draws [R]``: `NEAR_SHARE` of it the highest draws among the single
-    substitutions of the `NEAR_OF` best ``measured [N, P]`` (by ``values``; `near_best`), the rest the
-    highest draws left (``rule``), and what picked each."""
-    best = measured[np.argsort(-values, kind="stable")[:NEAR_OF]]
+    ``draws`` first) from the rule's ``draws [R]``: `FAR_SHARE` of it the highest draws among candidates
+    `FAR_DISTANCE` or more substitutions from each of the `FAR_OF` best ``measured [N, P]`` (by ``values``;
+    `far`), the rest the highest draws left (``rule``), and what picked each."""
+    best = measured[np.argsort(-values, kind="stable")[:FAR_OF]]
     near = np.zeros(len(candidates), dtype=bool)
     for variant in best:
-        near |= (candidates != variant).sum(1) == 1
-    local = top(np.where(near, draws, -np.inf), int(NEAR_SHARE * batch))
-    rest = top(np.where(np.isin(np.arange(len(draws)), local), -np.inf, draws), batch - len(local))
-    picked = np.concatenate([rest, local])
-    rules = np.array([rule] * len(rest) + ["near_best"] * len(local))
+        near |= (candidates != variant).sum(1) < FAR_DISTANCE
+    far = top(np.where(near, -np.inf, draws), int(FAR_SHARE * batch))
+    rest = top(np.where(np.isin(np.arange(len(draws)), far), -np.inf, draws), batch - len(far))
+    picked = np.concatenate([rest, far])
+    rules = np.array([rule] * len(rest) + ["far"] * len(far))
     order = np.argsort(-draws[picked], kind="stable")
     return picked[order], rules[order].tolist()
 

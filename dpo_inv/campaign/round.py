@@ -106,8 +106,8 @@ def next_batch(state: CampaignState, scorer: Scorer, settings: RoundSettings) ->
                                                         ca=state.ca, taken=mine)  # fmt: skip
         why = f"{settings.acquisition} on the ensemble of {settings.members} ({len(measured)} measured"
         why += f"; model {adapted.decision})" if adapted else ")"
-        if "near_best" in rules:
-            why += "; a quarter of it single substitutions of the best measured"
+        if "far" in rules:
+            why += "; a quarter of it far from the best measured"
     else:
         picked, how = zero_shot_batch(candidates, scores[mine:rest, 0], state.parent, wanted, settings.seed)
         picked = picked + mine
