@@ -46,10 +46,13 @@ CASES = {
 
 
 def documented(program: str) -> str:
-    """The one bash block of docs/models.md that runs ``program``."""
+    """The one bash block of docs/models.md that runs ``program``, but for its first line, which sets `DIR`
+    and `PDB` to the repository's example (here they are the test's)."""
     blocks = re.findall(r"^```bash\n(.*?)^```", DOCS.read_text(), re.MULTILINE | re.DOTALL)
     [block] = [block for block in blocks if program in block]
-    return block
+    first, rest = block.split("\n", 1)
+    assert first.startswith("DIR=") and " PDB=" in first
+    return rest
 
 
 def design(program: str, model_dir: Path, pdb: Path, cwd: Path) -> list[tuple[str, str]]:

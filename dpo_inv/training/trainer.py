@@ -306,7 +306,8 @@ def data_notes(config: DPOConfig, data: RunData, steps: Steps) -> list[str]:
             f"{passes:.0f} times (more than {MAX_PASSES}), which overfits them; lower max_steps or give more "
             "data"
         )
-    if config.eval_file is None and config.eval_split > 0 and data.eval is None:
+    one = len(np.unique(column(data.train.records, "structure_id"))) == 1
+    if config.eval_file is None and config.eval_split > 0 and data.eval is None and one:
         notes.append(
             f"eval_split={config.eval_split} holds out whole structures and the training data has one: "
             "nothing held out, no eval metrics; give an eval_file to evaluate"
