@@ -49,6 +49,28 @@ def needs_program(name: str) -> None:
         pytest.skip(f"no {name} on this machine: needs {PROGRAMS[name]}")
 
 
+# `make test-fast` (-m "not slow") fails when a test not marked slow runs longer: mark it, or speed it up
+UNMARKED_LIMIT_S = 10.0
+too_slow: list[str] = []
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if report.when == "call" and report.duration > UNMARKED_LIMIT_S and "slow" not in report.keywords:
+        too_slow.append(f"{report.nodeid} took {report.duration:.1f} s")
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if session.config.getoption("markexpr") == "not slow" and too_slow:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
+    if config.getoption("markexpr") == "not slow" and too_slow:
+        terminalreporter.section(f"tests not marked slow that took over {UNMARKED_LIMIT_S:.0f} s")
+        for line in too_slow:
+            terminalreporter.write_line(f"{line}: mark it @pytest.mark.slow, or make it faster")
+
+
 @pytest.fixture
 def cache_dir(tmp_path: Path) -> Path:
     return tmp_path / "cache"
