@@ -159,17 +159,15 @@ def score_pairs(rows: list[dict], policy: PairLogps, reference: PairLogps | None
     """Add log p (and rewards, β-scaled as TRL's and the trainer's) to each pair; accuracy and mean margin."""
     for i, row in enumerate(rows):
         row.update(preferred_logp=float(policy.chosen[i]), unpreferred_logp=float(policy.rejected[i]))
-    if reference is None:
-        margin = policy.chosen - policy.rejected
-        return {"accuracy": round_metric((margin > 0).float().mean()),
-                "mean_margin": round_metric(margin.mean()), "accuracy_by": "logp"}  # fmt: skip
-    chosen_reward = beta * (policy.chosen - reference.chosen)
-    rejected_reward = beta * (policy.rejected - reference.rejected)
-    for i, row in enumerate(rows):
-        row.update(preferred_reward=float(chosen_reward[i]), unpreferred_reward=float(rejected_reward[i]))
-    margin = chosen_reward - rejected_reward
-    return {"accuracy": round_metric((margin > 0).float().mean()), "mean_margin": round_metric(margin.mean()),
-            "accuracy_by": "reward", "beta": beta}  # fmt: skip
+    margin, by = policy.chosen - policy.rejected, {"accuracy_by": "logp"}
+    if reference is not None:
+        chosen_reward = beta * (policy.chosen - reference.chosen)
+        rejected_reward = beta * (policy.rejected - reference.rejected)
+        for i, row in enumerate(rows):
+            row.update(preferred_reward=float(chosen_reward[i]), unpreferred_reward=float(rejected_reward[i]))
+        margin, by = chosen_reward - rejected_reward, {"accuracy_by": "reward", "beta": beta}
+    accuracy = round_metric((margin > 0).float().mean())
+    return {"accuracy": accuracy, "mean_margin": round_metric(margin.mean()), **by}
 
 
 def predict_labels(

@@ -135,6 +135,10 @@ def check_replicas_agree(accelerator: Accelerator, model: torch.nn.Module) -> No
 
 MAX_PASSES = 100  # more passes over the training data than this are announced as overfitting
 FEW_STRUCTURES = 5  # an eval split that leaves fewer training structures than this is announced
+BF16_EMULATED = (
+    "bf16 autocast on a CPU without native bf16 (AVX-512 BF16 or AMX) is emulated, several "
+    "times slower than fp32 (docs/benchmarks.md): --mixed_precision no"
+)
 
 
 @dataclass
@@ -286,11 +290,10 @@ def announce(run: Run, setup: str) -> None:
         f"{accelerator.device} ({setup}); batch {config.per_device_train_batch_size} per device, global "
         f"batch {global_batch * config.gradient_accumulation_steps}; {run.steps.total} optimizer steps",
     )
-    emulated = accelerator.device.type == "cpu" and config.mixed_precision == "bf16"
-    emulated = emulated and cpu_computes_bf16() is False
-    bf16_note = "bf16 autocast on a CPU without native bf16 (AVX-512 BF16 or AMX) is emulated, several times "
-    bf16_note += "slower than fp32 (docs/benchmarks.md): --mixed_precision no"
-    for note in [*data_notes(config, data, run.steps), *([bf16_note] if emulated else [])]:
+    notes = data_notes(config, data, run.steps)
+    if accelerator.device.type == "cpu" and config.mixed_precision == "bf16" and cpu_computes_bf16() is False:
+        notes.append(BF16_EMULATED)
+    for note in notes:
         say(accelerator, f"Note: {note}")
 
 
@@ -306,15 +309,14 @@ def data_notes(config: DPOConfig, data: RunData, steps: Steps) -> list[str]:
             f"{passes:.0f} times (more than {MAX_PASSES}), which overfits them; lower max_steps or give more "
             "data"
         )
-    one = len(np.unique(column(data.train.records, "structure_id"))) == 1
-    if config.eval_file is None and config.eval_split > 0 and data.eval is None and one:
+    structures = len(np.unique(column(data.train.records, "structure_id")))
+    if config.eval_file is None and config.eval_split > 0 and data.eval is None and structures == 1:
         notes.append(
             f"eval_split={config.eval_split} holds out whole structures and the training data has one: "
             "nothing held out, no eval metrics; give an eval_file to evaluate"
         )
     split = data.eval is not None and data.eval.source == data.train.source  # eval_split held out of train
-    structures = len(np.unique(column(data.train.records, "structure_id"))) if split else None
-    if structures is not None and structures < FEW_STRUCTURES:
+    if split and structures < FEW_STRUCTURES:
         held_out = len(np.unique(column(data.eval.records, "structure_id")))
         notes.append(
             f"eval_split={config.eval_split} held out {held_out} of {held_out + structures} structures "
