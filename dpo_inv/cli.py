@@ -22,13 +22,25 @@ import yaml
 from trl import TrlParser
 
 from dpo_inv.data.progress import quiet_datasets
-from dpo_inv.data.records import DataError
-from dpo_inv.structures.parse import StructureError
+from dpo_inv.errors import BadInput, DataError
 from dpo_inv.training.exits import EXIT_BAD_INPUT
 from dpo_inv.training.launch import setup_environment, threads_per_process
 from dpo_inv.training.stopping import TrainingStopped, leave_process_group
 
-BAD_INPUT = (StructureError, ValueError, OSError)  # besides DataError, which every rank raises together
+# A path the user named that is not there or cannot be used; any OSError naming its path (disk full) too.
+PATH_ERRORS = (FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError)
+BUG_FRAMES = 3  # the frames of a bug's traceback printed without --debug
+
+
+def is_bad_input(err: BaseException) -> bool:
+    """A `BadInput` (its kinds in `dpo_inv.errors`), or an OSError about a path; anything else is a bug."""
+    path_error = isinstance(err, PATH_ERRORS) or (isinstance(err, OSError) and err.filename is not None)
+    return isinstance(err, BadInput) or path_error
+
+
+def error_lines(prog: str, message: str, where: str = "") -> str:
+    """Every line of ``message`` after the one prefix of every error line: `[rank R: ]PROG: error: `."""
+    return "".join(f"{where}{prog}: error: {line}\n" for line in message.splitlines() or [""])
 
 
 def prog_of(command: str, prog: str) -> str:
@@ -53,7 +65,11 @@ def command_parser(command: ModuleType, prog: str) -> TrlParser:
     for action in parser._actions:
         if isinstance(action, argparse._StoreFalseAction) and action.option_strings[0].startswith("--no_"):
             action.help, action.default = f"Turn --{action.dest} off.", argparse.SUPPRESS
-    parser.add_argument("--debug", action="store_true", help="Print the traceback of a bad-input error too.")
+    parser.add_argument(
+        "--debug",
+        action="store_true",
+        help="Print the whole traceback: of bad input too, of a bug in dpo_inv all its frames.",
+    )
     if positional:
         parser.add_argument("positional", nargs="?", metavar=positional[1], help=f"The {positional[2]}.")
     return parser
@@ -61,7 +77,7 @@ def command_parser(command: ModuleType, prog: str) -> TrlParser:
 
 def exit_bad_input(parser: argparse.ArgumentParser, message: str) -> NoReturn:
     """Exit with status 2 and one line, as argparse's errors end (without their usage text)."""
-    parser.exit(EXIT_BAD_INPUT, f"{parser.prog}: error: {message}\n")
+    parser.exit(EXIT_BAD_INPUT, error_lines(parser.prog, message))
 
 
 def parse(command: str, args: list[str] | None = None, prog: str = "dpo-inv") -> tuple[Any, bool]:
@@ -96,15 +112,17 @@ def parse(command: str, args: list[str] | None = None, prog: str = "dpo-inv") ->
 
 def run(command: str, args: list[str] | None = None, prog: str = "dpo-inv") -> None:
     """Run a command and exit with its status: 0; a TrainingStopped's status (rank 0 says why);
-    EXIT_BAD_INPUT with one line (a DataError: one per bad record, said by rank 0, which every rank
-    raises together; under a launcher, another bad input is said by each rank that meets it, as `rank R:
-    ...`); 1 on another error, which each failing rank reports as a last line `rank R: Type: ...`."""
+    EXIT_BAD_INPUT on bad input (`is_bad_input`), with its line (a DataError: one per bad record, said by
+    rank 0, which every rank raises together; under a launcher, another bad input is said by each rank
+    that meets it, as `rank R: ...`); 1 on anything else, a bug: the last frames of its traceback and a
+    line saying so, by each failing rank."""
     config, debug = parse(command, args, prog)
     module = importlib.import_module(f"dpo_inv.commands.{command}")
     # the launcher's variables read, not exported: the command sets its launch environment up itself
     launch = setup_environment(dict(os.environ))
     torch.set_num_threads(threads_per_process(launch.local_world_size))
     rank, ranks = str(launch.rank), launch.world_size
+    where = f"rank {rank}: " if ranks > 1 else ""
     try:
         with quiet_datasets():
             module.run(config)
@@ -113,22 +131,36 @@ def run(command: str, args: list[str] | None = None, prog: str = "dpo-inv") -> N
             print(stopped, flush=True)
         leave_process_group()
         leave(stopped.exit_code, ranks)
-    except (DataError, *BAD_INPUT) as err:
+    except Exception as err:
+        if not is_bad_input(err):
+            report_bug(err, prog_of(command, prog), where, debug)
+            leave(1, ranks)
         if debug:
             traceback.print_exc()
         if isinstance(err, DataError):  # `FILE:LINE: what is wrong; the fix`, a line per bad record
             if rank == "0":
-                print(err, file=sys.stderr, flush=True)
+                print(error_lines(prog_of(command, prog), str(err)), end="", file=sys.stderr, flush=True)
             leave_process_group()
         else:
-            where = f"rank {rank}: " if ranks > 1 else ""
-            print(f"{where}{prog_of(command, prog)}: error: {err}", file=sys.stderr, flush=True)
+            print(error_lines(prog_of(command, prog), str(err), where), end="", file=sys.stderr, flush=True)
         leave(EXIT_BAD_INPUT, ranks)
-    except Exception as err:
-        traceback.print_exc()
-        message = str(err).replace("\n", " | ")
-        print(f"rank {rank}: {type(err).__name__}: {message}", file=sys.stderr)
-        leave(1, ranks)
+
+
+def report_bug(err: Exception, prog: str, where: str, debug: bool) -> None:
+    """A bug in dpo_inv, not bad input: the last frames of the traceback (all with ``debug``), then the
+    line that says so."""
+    frames = "all its frames" if debug else f"its last {BUG_FRAMES} frames; --debug prints all"
+    print(
+        "".join(traceback.format_exception(err, limit=None if debug else -BUG_FRAMES)),
+        end="",
+        file=sys.stderr,
+    )
+    message = " | ".join(str(err).splitlines())
+    said = (
+        f"a bug in dpo_inv, not in your input: {type(err).__name__}: {message}; please report it with the "
+        f"traceback above ({frames})"
+    )
+    print(error_lines(prog, said, where), end="", file=sys.stderr, flush=True)
 
 
 def leave(status: int, ranks: int) -> NoReturn:

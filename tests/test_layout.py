@@ -1,13 +1,14 @@
-"""The package's layers: each subpackage imports only from itself and the subpackages before it; the
-commands (dpo_inv/commands/, the runner dpo_inv/cli.py, dpo_inv/run.py) and the API (dpo_inv/__init__.py)
-may import anything, and no subpackage imports them."""
+"""The package's layers: each subpackage imports only from itself and the layers before it, the bottom one
+the module dpo_inv/errors.py; the commands (dpo_inv/commands/, the runner dpo_inv/cli.py, dpo_inv/run.py)
+and the API (dpo_inv/__init__.py) may import anything, and no subpackage imports them."""
 
 import ast
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "dpo_inv"
-ORDER = ("structures", "data", "models", "training", "tools", "campaign")  # bottom layer first
+ORDER = ("errors", "structures", "data", "models", "training", "tools", "campaign")  # bottom layer first
 TOP = len(ORDER)  # the commands and the API
+SUBPACKAGES = ORDER[1:]  # the layers below errors.py
 
 
 def layer(module: str) -> int:
@@ -45,8 +46,14 @@ def upward_imports(path: Path, source: str) -> list[str]:
 
 def test_subpackages_are_the_layers_and_the_commands():
     found = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_file()}
-    assert found == {*ORDER, "commands"}
-    assert {p.name for p in PACKAGE.glob("*.py")} == {"__init__.py", "__main__.py", "cli.py", "run.py"}
+    assert found == {*SUBPACKAGES, "commands"}
+    assert {p.name for p in PACKAGE.glob("*.py")} == {
+        "__init__.py",
+        "__main__.py",
+        "cli.py",
+        "run.py",
+        "errors.py",
+    }
 
 
 def test_no_module_imports_from_a_later_layer_or_a_command():
@@ -62,10 +69,14 @@ def test_the_check_sees_an_upward_import():
     assert upward_imports(dataset, "def f():\n    from dpo_inv import sample\n")
     assert upward_imports(PACKAGE / "models" / "mpnn.py", "from ..training import kto\n")
     assert not upward_imports(dataset, "from dpo_inv.structures import parse\nfrom . import batches\n")
+    assert upward_imports(PACKAGE / "errors.py", "from dpo_inv.structures.parse import ALPHABET\n")
+    assert not upward_imports(
+        PACKAGE / "structures" / "parse.py", "from dpo_inv.errors import StructureError\n"
+    )
 
 
 def test_subpackage_inits_hold_a_docstring_only():
-    for name in ORDER:
+    for name in SUBPACKAGES:
         tree = ast.parse((PACKAGE / name / "__init__.py").read_text())
         assert ast.get_docstring(tree), name
         imports = [n for n in ast.walk(tree) if isinstance(n, ast.Import | ast.ImportFrom)]

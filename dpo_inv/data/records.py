@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Union
 import datasets
 
 from dpo_inv.data.progress import quiet_datasets
+from dpo_inv.errors import DataError
 
 if TYPE_CHECKING:
     import pandas
@@ -26,10 +27,6 @@ Data = Union[str, os.PathLike, Sequence[Mapping[str, Any]], "pandas.DataFrame", 
 
 FORMATS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
 MAX_REPORTED_ERRORS = 20
-
-
-class DataError(ValueError):
-    """Bad input data; each line of the message names the file, the record, what is wrong and the fix."""
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,8 @@ from Bio.PDB.Atom import Atom, DisorderedAtom
 from Bio.PDB.Model import Model
 from Bio.PDB.Residue import Residue
 
+from dpo_inv.errors import StructureError
+
 AMINO_ACIDS = "ACDEFGHIKLMNPQRSTVWY"
 ALPHABET = AMINO_ACIDS + "X"  # ProteinMPNN token order; X (20) = unknown
 TOKEN = np.full(256, -1, dtype=np.int8)
@@ -32,10 +34,6 @@ MODIFIED_AMINO_ACIDS = frozenset(
 STANDARD_AMINO_ACIDS = frozenset(
     "ALA ARG ASN ASP CYS GLN GLU GLY HIS ILE LEU LYS MET PHE PRO SER THR TRP TYR VAL".split()  # noqa: SIM905
 )
-
-
-class StructureError(ValueError):
-    """A structure file that cannot be used, with the file named in the message."""
 
 
 @dataclass(frozen=True)

@@ -19,12 +19,10 @@ import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
+from dpo_inv.errors import RewardError
+
 RECORD_FIELDS = ("pdb_file", "design_chains", "fixed_chains", "sequence")
 RewardFunction = Callable[[list[dict]], list[float]]
-
-
-class RewardError(ValueError):
-    """The reward could not be computed or gave an unusable answer; the message says for which record."""
 
 
 @functools.cache
