@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
 from dpo_inv.campaign.config import DESIGN_FIELDS, NOISE_LEVELS, ROUND_FIELDS, ProposeConfig
 from dpo_inv.campaign.folder import CampaignFolder, MeasuredRound
@@ -27,6 +28,7 @@ from dpo_inv.campaign.round import Batch, CampaignState, RoundSettings, next_bat
 from dpo_inv.campaign.scoring import ModelScorer, example_ca, sampled, sampled_variants
 from dpo_inv.data.measurements import read_variants
 from dpo_inv.data.records import DataError, write_text
+from dpo_inv.errors import MeasurementError, OptionError
 from dpo_inv.models.combinations import MAX_ORDERS
 from dpo_inv.models.mpnn import ProteinMPNN
 from dpo_inv.models.weights import as_model
@@ -44,7 +46,7 @@ def settle_campaign(config: ProposeConfig) -> ProposeConfig:
     saved = folder.settings()
     if saved is None:
         if config.structure is None:
-            raise DataError(f"{folder.path}: no campaign.json there: start the campaign with --structure")
+            raise OptionError(f"{folder.path}: no campaign.json there: start the campaign with --structure")
         first = {name: getattr(config, name) for name in (*DESIGN_FIELDS, *ROUND_FIELDS)}
         for name in ("structure", "candidates"):
             if first[name] is not None:
@@ -65,7 +67,7 @@ def settle_campaign(config: ProposeConfig) -> ProposeConfig:
         if given != default and name == "model":
             given = resolved(given)
         if given != default and given != saved[name]:
-            raise DataError(
+            raise OptionError(
                 f"{folder.settings_file}: the campaign was started with {name} = {saved[name]!r}, not "
                 f"{getattr(config, name)!r}: keep the campaign's settings, or start another campaign folder"
             )
@@ -89,7 +91,7 @@ def load_models(config: ProposeConfig, models: list[ProteinMPNN] | None) -> list
     options = config.parse_options(models[0].config)
     for name, other in zip((config.model or [])[1:], models[1:], strict=False):
         if config.parse_options(other.config) != options:
-            raise DataError(
+            raise OptionError(
                 f"--model {config.model[0]} {name}: a LigandMPNN and a ProteinMPNN model read a structure "
                 "differently: average models of one kind"
             )
@@ -134,7 +136,7 @@ def included_variants(space: DesignSpace, config: ProposeConfig, history: Histor
         variants.append(tokens)
     included = np.unique(np.array(variants, dtype=np.uint8).reshape(-1, len(space.parent)), axis=0)
     if len(included) > config.batch_size:
-        raise DataError(f"--include {config.include}: {len(included)} variants, more than --batch_size "
+        raise OptionError(f"--include {config.include}: {len(included)} variants, more than --batch_size "
                         f"{config.batch_size}: include fewer or propose more")  # fmt: skip
     return included
 
@@ -155,7 +157,7 @@ def propose_round(config: ProposeConfig, models: list[ProteinMPNN] | None = None
                                            config.allowed_aas, config.max_mutations, config.parent,
                                            options)  # fmt: skip
         if config.candidates is None and config.max_mutations > len(space.positions):
-            raise DataError(
+            raise OptionError(
                 f"--max_mutations {config.max_mutations}: only {len(space.positions)} positions may change; "
                 f"give at most {len(space.positions)} or more --positions"
             )
@@ -248,8 +250,10 @@ def plot_campaign_folder(path: str | Path) -> Path:
     outcomes = campaign_outcomes(measured, history)
     parent_value = history.value_of(space.parent)
     if not outcomes:
-        raise DataError(f"{folder.path}: nothing measured yet, nothing to draw: write a round's measurements "
-                        "(round_N/measurements.csv), then plot")  # fmt: skip
+        raise MeasurementError(
+            f"{folder.path}: nothing measured yet, nothing to draw: write a round's measurements "
+            "(round_N/measurements.csv), then plot"
+        )
     return draw(folder, config, outcomes, parent_value)
 
 
@@ -259,10 +263,12 @@ def run_campaign(config: ProposeConfig, models: list[ProteinMPNN] | None = None,
     each round's proposals are measured by it into `round_N/measurements.csv` before the next, and
     `campaign.png` drawn with the last. Returns the rounds' summaries."""
     if config.reward and config.reward_command:
-        raise DataError("--reward and --reward_command: give one of them")
+        raise OptionError("--reward and --reward_command: give one of them")
     measured = reward or config.reward or config.reward_command
     if config.rounds > 1 and not measured:
-        raise DataError(f"--rounds {config.rounds}: give --reward or --reward_command to measure each round")
+        raise OptionError(
+            f"--rounds {config.rounds}: give --reward or --reward_command to measure each round"
+        )
     folder = CampaignFolder(Path(config.campaign))
     summaries = []
     for _ in range(config.rounds):
@@ -312,12 +318,13 @@ def propose(
     proposals as records — `pdb_file`, `design_chains`, `fixed_chains`, `sequence` — and returning one
     number each, or its `file.py:function` name), each round is measured by it before the next, and the
     list of the `rounds` summaries is returned."""
-    given = [] if model is None else [model] if isinstance(model, ProteinMPNN | str | Path) else list(model)
+    single = isinstance(model, torch.nn.Module | str | Path)
+    given = [] if model is None else [model] if single else list(model)
     names = [str(m) if isinstance(m, str | Path) else m.config.name_or_path for m in given]
     named = reward if isinstance(reward, str) else None
     chosen = {"model": names} if names else {}
     config = ProposeConfig(campaign=str(campaign), reward=named, **chosen, **options)
-    objects = any(isinstance(m, ProteinMPNN) for m in given)
+    objects = any(isinstance(m, torch.nn.Module) for m in given)
     summaries = run_campaign(config, [as_model(m) for m in given] if objects else None,
                              None if named else reward)  # fmt: skip
     return summaries if reward is not None or config.reward_command else summaries[0]

@@ -21,6 +21,7 @@ COMMANDS = {
     "adapt": "adapt a model to a few dozen to a few hundred measured variants of one protein",
     "propose": "a design campaign's next batch of variants to make, from every measurement so far",
     "plot": "a training run's curves, or a campaign's picture, as PNG files",
+    "merge": "a LoRA adapter folder merged into its base model: a full model, ProteinMPNN's .pt too",
 }
 
 

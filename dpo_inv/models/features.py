@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from dpo_inv.models.layers import gather_neighbors, gather_nodes
+from dpo_inv.models.layers import gather_neighbors, gather_nodes, weight
 from dpo_inv.structures.context import periodic_group_and_period
 
 _NUM_RBF = 16
@@ -69,7 +69,7 @@ class PositionalEncodings(nn.Module):
 
     def table(self) -> Tensor:
         """The encoding of every class, ``[66, num_embeddings]`` (the linear map of its one-hot)."""
-        return self.linear.weight.T + self.linear.bias
+        return weight(self.linear).T + self.linear.bias
 
 
 class _GraphFeatures(nn.Module):
@@ -96,7 +96,7 @@ class _GraphFeatures(nn.Module):
         offset = residue_idx.unsqueeze(-1) - gather_neighbors(residue_idx, E_idx)
         same_chain = (chain_labels.unsqueeze(-1) == gather_neighbors(chain_labels, E_idx)).long()
         classes = self.embeddings.classes(offset.long(), same_chain)
-        W_positional, W_rest = self.edge_embedding.weight.split([_NUM_POSITIONAL, rest.shape[-1]], dim=1)
+        W_positional, W_rest = weight(self.edge_embedding).split([_NUM_POSITIONAL, rest.shape[-1]], dim=1)
         table = F.linear(self.embeddings.table(), W_positional)
         return F.linear(rest, W_rest).add_(F.embedding(classes, table))
 

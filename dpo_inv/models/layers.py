@@ -28,6 +28,20 @@ class DecoderStates:
     mask_bw: Tensor  # [B, L, K, N]: 1 where position i sees the token of neighbour j
 
 
+def weight(linear: nn.Module) -> Tensor:
+    """The matrix a linear map applies, for the layers that use it in blocks instead of calling the map:
+    its weight, plus the deltas of the active LoRA adapters (peft) where it carries them."""
+    if not hasattr(linear, "lora_A"):
+        return linear.weight
+    matrix = linear.base_layer.weight
+    if linear.disable_adapters or linear.merged:
+        return matrix
+    for name in linear.active_adapters:
+        if name in linear.lora_A:
+            matrix = matrix + linear.get_delta_weight(name).to(matrix.dtype)
+    return matrix
+
+
 def gather_nodes(nodes: Tensor, index: Tensor) -> Tensor:
     """Node features ``[B, L, *C]`` at positions ``[B, *I]`` (e.g. neighbours ``[B, L, K]``): ``[B, *I, *C]``.
 
@@ -124,9 +138,9 @@ class NodeLayer(nn.Module):
         layer before ``W3`` (``W3`` is linear, so it is applied once, after the sum); zero where ``mask_V``
         is 0."""
         if isinstance(count, int):  # one count for all nodes: the bias goes into the linear map
-            dh = F.linear(summed, self.W3.weight, count * self.W3.bias) / self.scale
+            dh = F.linear(summed, weight(self.W3), count * self.W3.bias) / self.scale
         else:
-            dh = (F.linear(summed, self.W3.weight) + count * self.W3.bias) / self.scale
+            dh = (F.linear(summed, weight(self.W3)) + count * self.W3.bias) / self.scale
         h_V = self.norm1(h_V + self.dropout1(dh))
         h_V = self.norm2(h_V + self.dropout2(self.dense(h_V)))
         return mask_V.unsqueeze(-1) * h_V
@@ -160,7 +174,7 @@ class EncLayer(nn.Module):
     @staticmethod
     def _first_linear(W: nn.Linear, h_V: Tensor, h_E: Tensor, E_idx: Tensor) -> Tensor:
         """``W(cat([h_V_i, h_E_ij, h_V_j]))`` ``[B, L, K, H]``."""
-        W_i, W_e, W_j = W.weight.split([h_V.shape[-1], h_E.shape[-1], h_V.shape[-1]], dim=1)
+        W_i, W_e, W_j = weight(W).split([h_V.shape[-1], h_E.shape[-1], h_V.shape[-1]], dim=1)
         node_i = F.linear(h_V, W_i, W.bias).unsqueeze(2)
         return F.linear(h_E, W_e).add_(gather_nodes(F.linear(h_V, W_j), E_idx)).add_(node_i)
 
@@ -169,7 +183,7 @@ class EncLayer(nn.Module):
     ) -> tuple[Tensor, Tensor]:
         hidden = self.act(self.W2(self.act(self._first_linear(self.W1, h_V, h_E, E_idx))))
         messages = F.linear(
-            torch.einsum("blk,blkh->blh", mask_attend.to(hidden.dtype), hidden), self.W3.weight
+            torch.einsum("blk,blkh->blh", mask_attend.to(hidden.dtype), hidden), weight(self.W3)
         )
         dh = (messages + mask_attend.sum(-1, keepdim=True) * self.W3.bias) / self.scale
         h_V = self.norm1(h_V + self.dropout1(dh))
@@ -202,7 +216,7 @@ class DecLayer(NodeLayer):
         """
         if positions is None:
             H = h_V.shape[-1]
-            _, W_e, W_s, W_j = self.W1.weight.split([H, enc.h_E.shape[-1], h_S.shape[-1], H], dim=1)
+            _, W_e, W_s, W_j = weight(self.W1).split([H, enc.h_E.shape[-1], h_S.shape[-1], H], dim=1)
             structure = F.linear(enc.h_E, W_e).add_(gather_nodes(F.linear(enc.h_V, W_j), enc.E_idx))
             visible = gather_nodes(F.linear(h_S, W_s) + F.linear(h_V - enc.h_V.unsqueeze(2), W_j), enc.E_idx)
             pre = torch.addcmul(structure.unsqueeze(3), mask_bw.unsqueeze(-1).to(visible.dtype), visible)
@@ -225,7 +239,7 @@ class DecLayer(NodeLayer):
     def _gathered_blocks(self, h_E: Tensor, h_S_j: Tensor, h_V_j: Tensor) -> Tensor:
         """``W1`` without bias on ``[0, h_E_ij, h_S_j, h_V_j]`` for neighbours already gathered."""
         H = h_V_j.shape[-1]
-        _, W_e, W_s, W_j = self.W1.weight.split([H, h_E.shape[-1], h_S_j.shape[-1], H], dim=1)
+        _, W_e, W_s, W_j = weight(self.W1).split([H, h_E.shape[-1], h_S_j.shape[-1], H], dim=1)
         return F.linear(h_E, W_e) + F.linear(h_S_j, W_s) + F.linear(h_V_j, W_j)
 
     def _update(self, h_V: Tensor, pre: Tensor, mask: Tensor) -> Tensor:
@@ -234,7 +248,7 @@ class DecLayer(NodeLayer):
         ``pre [B, Q, K, N, H]`` holds ``W1`` without bias applied to ``[0, h_E_ij, h_S_j, h_V_j]`` (to
         ``[0, h_E_ij, 0, h_V_enc_j]`` for neighbours not seen); ``mask`` is ``[B, Q, N]`` or ``[B, Q, 1]``.
         """
-        pre = pre.add_(F.linear(h_V, self.W1.weight[:, : h_V.shape[-1]], self.W1.bias).unsqueeze(2))
+        pre = pre.add_(F.linear(h_V, weight(self.W1)[:, : h_V.shape[-1]], self.W1.bias).unsqueeze(2))
         hidden = self.act(self.W2(self.act(pre))).sum(2)
         return self._update_nodes(h_V, hidden, pre.shape[2], mask)
 
@@ -254,11 +268,11 @@ class ContextLayer(NodeLayer):
     ) -> Tensor:
         """With ``edge_projection``, ``h_E`` are the entries before that linear map, which is folded into the
         first layer of the message MLP. The last layer is applied after the sum over the entries."""
-        W_v, W_e = self.W1.weight.split([h_V.shape[-1], self.W1.in_features - h_V.shape[-1]], dim=1)
+        W_v, W_e = weight(self.W1).split([h_V.shape[-1], self.W1.in_features - h_V.shape[-1]], dim=1)
         bias = self.W1.bias
         if edge_projection is not None:
             bias = bias + F.linear(edge_projection.bias, W_e)
-            W_e = W_e @ edge_projection.weight
+            W_e = W_e @ weight(edge_projection)
         pre = F.linear(h_E, W_e).add_(F.linear(h_V, W_v, bias).unsqueeze(-2))
         hidden = self.act(self.W2(self.act(pre)))
         mask = mask_attend.to(hidden.dtype)

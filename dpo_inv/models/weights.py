@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from dpo_inv.models.adapters import adapter_base, is_adapter, load_adapter, merge
 from dpo_inv.models.features import MembraneFeatures
 from dpo_inv.models.mpnn import ProteinMPNN, ProteinMPNNConfig
 from dpo_inv.structures.parse import PROTEINMPNN_PARSE, ParseOptions
@@ -31,7 +32,7 @@ _NAMED_CHECKPOINT = re.compile(r"^(?P<family>[a-z_]+)/(?P<version>v_\d+_\d+(_\d+
 _ACCEPTED_FORMS = (
     "a packaged name '<family>/<version>' such as 'vanilla/v_48_020' or 'ligand/v_32_010_25' (families: "
     f"{', '.join(MODEL_FAMILIES)}), a path to an official ProteinMPNN or LigandMPNN .pt checkpoint, or a "
-    "save_pretrained directory containing config.json"
+    "save_pretrained directory containing config.json, or a LoRA adapter folder (adapter_config.json)"
 )
 
 
@@ -137,7 +138,7 @@ def _resolve(name_or_path: str | os.PathLike) -> tuple[str, Path]:
     """``(name, location)``: a save_pretrained directory, or an official checkpoint file (packaged or not)."""
     name = os.fspath(name_or_path)
     path = Path(name)
-    if (path.is_dir() and (path / "config.json").is_file()) or path.is_file():
+    if (path.is_dir() and ((path / "config.json").is_file() or is_adapter(path))) or path.is_file():
         return name, path
     match = _NAMED_CHECKPOINT.match(name)
     if match and not path.exists():
@@ -153,6 +154,8 @@ def _resolve(name_or_path: str | os.PathLike) -> tuple[str, Path]:
 def read_config(name_or_path: str | os.PathLike) -> ProteinMPNNConfig:
     """The configuration of a model (as :func:`load_model` takes it), without building the model."""
     name, path = _resolve(name_or_path)
+    if is_adapter(path):
+        return read_config(adapter_base(path))
     return ProteinMPNNConfig.from_pretrained(path) if path.is_dir() else _read_official(path, name)[0]
 
 
@@ -215,11 +218,13 @@ def load_model(name_or_path: str | os.PathLike, **config_overrides: Any) -> Prot
 
     ``name_or_path`` is a packaged official checkpoint ``'<family>/<version>'`` (e.g. ``'vanilla/v_48_020'``,
     ``'soluble/v_48_010'``, ``'ca/v_48_020'``, ``'ligand/v_32_010_25'``, ``'membrane_global/v_48_020'``), a
-    path to an official ``.pt`` checkpoint, or a directory written by :meth:`ProteinMPNN.save_pretrained`.
-    ``config_overrides`` (e.g. ``dropout=0.0``, ``augment_eps=0.1``) are applied on top of the stored
-    configuration.
+    path to an official ``.pt`` checkpoint, a directory written by :meth:`ProteinMPNN.save_pretrained`, or a
+    LoRA adapter folder, loaded on its base model and merged into it. ``config_overrides`` (e.g.
+    ``dropout=0.0``, ``augment_eps=0.1``) are applied on top of the stored configuration.
     """
     name, path = _resolve(name_or_path)
+    if is_adapter(path):
+        return merge(load_adapter(path, load_model(adapter_base(path), **config_overrides)), path).eval()
     if path.is_dir():
         config = _apply_overrides(ProteinMPNNConfig.from_pretrained(path), config_overrides)
         return ProteinMPNN.from_pretrained(path, config=config).eval()
@@ -229,6 +234,7 @@ def load_model(name_or_path: str | os.PathLike, **config_overrides: Any) -> Prot
     return model.eval()
 
 
-def as_model(model: ProteinMPNN | str | os.PathLike) -> ProteinMPNN:
-    """A model as it is, or the model a name or path loads (:func:`load_model`)."""
-    return model if isinstance(model, ProteinMPNN) else load_model(model)
+def as_model(model: ProteinMPNN | torch.nn.Module | str | os.PathLike) -> ProteinMPNN:
+    """A model as it is (ProteinMPNN, or one with LoRA adapters as training returns it), or the model a
+    name or path loads (:func:`load_model`)."""
+    return model if isinstance(model, torch.nn.Module) else load_model(model)

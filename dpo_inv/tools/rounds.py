@@ -18,6 +18,7 @@ from accelerate import Accelerator
 from accelerate.utils import broadcast_object_list, gather_object
 
 from dpo_inv.data.records import DataError, write_jsonl
+from dpo_inv.errors import OptionError
 from dpo_inv.models.mpnn import ProteinMPNN, derive_seed
 from dpo_inv.models.options import check_signs
 from dpo_inv.models.weights import load_model, model_parse_options
@@ -33,7 +34,7 @@ from dpo_inv.training.loading import load_data
 from dpo_inv.training.output_lock import output_lock
 from dpo_inv.training.plot import plot_rounds
 from dpo_inv.training.stopping import TrainingStopped, ending
-from dpo_inv.training.trainer import fit, load_models, model_overrides, start_job
+from dpo_inv.training.trainer import fit, load_models, start_job
 
 
 @dataclass
@@ -96,13 +97,13 @@ class RoundsConfig(DPOConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.targets_file is None:
-            raise ValueError("targets_file is required: the design targets, one JSON line each")
+            raise OptionError("targets_file is required: the design targets, one JSON line each")
         check_signs(self, positive=("num_rounds", "sampling_batch_size", "top_k", "max_pairs_per_structure"),
                     non_negative=("sampling_temperature", "min_margin"))  # fmt: skip
         if self.num_samples < 2:
-            raise ValueError("num_samples must be at least 2: pairs need two samples of a target")
+            raise OptionError("num_samples must be at least 2: pairs need two samples of a target")
         if not 0 <= self.labels_from_quantile < 1:
-            raise ValueError(f"labels_from_quantile must be in [0, 1), got {self.labels_from_quantile}")
+            raise OptionError(f"labels_from_quantile must be in [0, 1), got {self.labels_from_quantile}")
 
 
 @dataclass
@@ -314,7 +315,7 @@ def check_reward(config: RoundsConfig, reward: RewardFunction | None) -> None:
     """Exactly one reward: a Python function, `config.reward` (its name) or `config.reward_command`."""
     given = [reward is not None, config.reward is not None, config.reward_command is not None]
     if sum(given) != 1:
-        raise ValueError("give either reward (a Python function) or reward_command (a shell command)")
+        raise OptionError("give either reward (a Python function) or reward_command (a shell command)")
 
 
 def rounds(config: RoundsConfig, reward: RewardFunction | None = None) -> list[dict]:
@@ -347,11 +348,11 @@ def run_rounds(
     )
     targets = load_targets(config.targets_file, options)
     finished = prepare_output(accelerator, config)
-    policy, base = load_models(config, accelerator.device)
     start = len(finished)
+    resumed = round_dir(config, start - 1) / "final" if start else None
+    policy, base = load_models(config, accelerator.device, resumed)
     if start:
-        policy = load_model(round_dir(config, start - 1) / "final", **model_overrides(config))
-        say(accelerator, f"Resuming after round {start - 1}, from {round_dir(config, start - 1) / 'final'}")
+        say(accelerator, f"Resuming after round {start - 1}, from {resumed}")
     say(
         accelerator,
         f"{len(targets)} targets, {config.num_samples} samples each; rounds {start} to "

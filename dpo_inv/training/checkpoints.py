@@ -12,8 +12,10 @@ from pathlib import Path
 import torch
 from accelerate import Accelerator
 from accelerate.utils import gather_object
+from peft import PeftModel
 
 from dpo_inv.data.saved import file_sizes, size_problem
+from dpo_inv.models.adapters import save_adapter
 from dpo_inv.training.config import DPOConfig
 from dpo_inv.training.exits import EXIT_NOT_SAVED
 from dpo_inv.training.stopping import TrainingStopped
@@ -181,12 +183,15 @@ def save_folder(
 
 
 def save_model(accelerator: Accelerator, model: torch.nn.Module, directory: Path) -> None:
+    """The model as a save_pretrained folder, or with LoRA adapters as an adapter folder."""
     unwrapped = accelerator.unwrap_model(model, keep_torch_compile=False)
-    save_folder(
-        accelerator,
-        directory.parent,
-        directory,
-        lambda partial: unwrapped.save_pretrained(
-            partial, is_main_process=accelerator.is_main_process, save_function=accelerator.save
-        ),
-    )
+
+    def write(partial: Path) -> None:
+        if isinstance(unwrapped, PeftModel):
+            save_adapter(unwrapped, partial, is_main_process=accelerator.is_main_process)
+        else:
+            unwrapped.save_pretrained(
+                partial, is_main_process=accelerator.is_main_process, save_function=accelerator.save
+            )
+
+    save_folder(accelerator, directory.parent, directory, write)

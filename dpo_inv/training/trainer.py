@@ -8,6 +8,7 @@ import dataclasses
 import importlib.util
 import json
 import math
+import os
 import shutil
 import time
 from dataclasses import dataclass, field
@@ -21,6 +22,7 @@ import torch
 import yaml
 from accelerate import Accelerator
 from accelerate.utils import InitProcessGroupKwargs, TorchDynamoPlugin, set_seed
+from peft import PeftModel
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 from transformers import get_scheduler
@@ -29,7 +31,16 @@ from dpo_inv.data.batches import ExampleDataset, LengthGroupedSampler, collate
 from dpo_inv.data.dataset import column
 from dpo_inv.data.progress import progress
 from dpo_inv.data.records import Data, is_file
-from dpo_inv.models.mpnn import ProteinMPNN, derive_seed
+from dpo_inv.models.adapters import (
+    WithoutAdapters,
+    adapter_base,
+    add_adapter,
+    is_adapter,
+    load_adapter,
+    load_adapter_weights,
+    trainable_parameters,
+)
+from dpo_inv.models.mpnn import derive_seed
 from dpo_inv.models.weights import load_model
 from dpo_inv.training.checkpoints import (
     TrainerState,
@@ -105,19 +116,45 @@ def model_overrides(config: DPOConfig) -> dict[str, float]:
     return {**noise, **({"dropout": 0.0} if disable else {})}
 
 
-def load_models(config: DPOConfig, device: torch.device) -> tuple[ProteinMPNN, ProteinMPNN | None]:
-    """The policy, and the reference (None when reference-free or for sft): frozen, in eval mode, on
-    `device`, never wrapped for DDP. Without a backbone_noise, the policy trains with the noise its weights
-    were trained with for sft, none otherwise. Each rank loads its own copy: a rank that cannot (a file
-    missing on its node) fails alone, naming the cause, and its launcher ends the job."""
-    model = load_model(config.model_name_or_path, **model_overrides(config))
+def load_policy(config: DPOConfig, name: str | os.PathLike) -> torch.nn.Module:
+    """The policy to train from the weights `name`: the model, or with use_peft the model with a new LoRA
+    adapter (the adapter of `name` trained on where it is an adapter folder); no dropout anywhere with
+    disable_dropout, the adapters' included, as TRL does."""
+    overrides = model_overrides(config)
+    if not config.use_peft:
+        return load_model(name, **overrides)
+    if is_adapter(name):
+        model = load_adapter(name, load_model(adapter_base(name), **overrides), trainable=True)
+    else:
+        lora = (config.lora_r, config.lora_alpha, config.lora_dropout, config.lora_target_modules)
+        model = add_adapter(load_model(name, **overrides), *lora, config.lora_modules_to_save)
+    if overrides.get("dropout") == 0.0:
+        for module in model.modules():
+            if isinstance(module, torch.nn.Dropout):
+                module.p = 0.0
+    return model
+
+
+def load_models(
+    config: DPOConfig, device: torch.device, start: str | os.PathLike | None = None
+) -> tuple[torch.nn.Module, torch.nn.Module | None]:
+    """The policy (from `start`, by default model_name_or_path), and the reference (None when
+    reference-free or for sft): frozen, in eval mode, on `device`, never wrapped for DDP; with use_peft and
+    no ref_model_name_or_path, the policy itself with its adapters switched off. Without a backbone_noise,
+    the policy trains with the noise its weights were trained with for sft, none otherwise. Each rank
+    loads its own copy: a rank that cannot (a file missing on its node) fails alone, naming the cause, and
+    its launcher ends the job."""
+    model = load_policy(config, start or config.model_name_or_path)
     if config.backbone_noise is None:
         sft = config.record_kind == "structures"
         model.config.augment_eps = float(model.config.noise_level or 0.0) if sft else 0.0
     reference = None
     if not config.reference_free and config.record_kind != "structures":
-        name = config.ref_model_name_or_path or config.model_name_or_path
-        reference = load_model(name, augment_eps=0.0).to(device).eval().requires_grad_(False)
+        if config.use_peft and not config.ref_model_name_or_path:
+            reference = WithoutAdapters(model.to(device))
+        else:
+            name = config.ref_model_name_or_path or config.model_name_or_path
+            reference = load_model(name, augment_eps=0.0).to(device).eval().requires_grad_(False)
     return model, reference
 
 
@@ -182,7 +219,7 @@ class Run:
     accelerator: Accelerator
     config: DPOConfig
     model: torch.nn.Module
-    reference: ProteinMPNN | None
+    reference: torch.nn.Module | None
     optimizer: torch.optim.Optimizer
     scheduler: Any
     train_loader: DataLoader
@@ -214,8 +251,8 @@ class Run:
 def prepare_run(
     accelerator: Accelerator,
     config: DPOConfig,
-    model: ProteinMPNN,
-    reference: ProteinMPNN | None,
+    model: torch.nn.Module,
+    reference: torch.nn.Module | None,
     data: RunData,
 ) -> Run:
     """Loaders, optimizer and schedule, prepared for this launch; the reference's log-probs precomputed
@@ -240,9 +277,8 @@ def prepare_run(
     if data.eval is not None:
         eval_loader = DataLoader(ExampleDataset(data.eval), config.per_device_eval_batch_size, **options)
         recovery_structures = eval_structures(accelerator, data.eval)
-    optimizer = torch.optim.AdamW(
-        model.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay
-    )
+    trained = [p for p in model.parameters() if p.requires_grad]  # with use_peft, the adapters
+    optimizer = torch.optim.AdamW(trained, lr=config.learning_rate, weight_decay=config.weight_decay)
     model, optimizer, train_loader, eval_loader = accelerator.prepare(
         model, optimizer, train_loader, eval_loader
     )
@@ -486,7 +522,7 @@ class Fitted:
     """A trained model (unwrapped; the best one with load_best_model_at_end), its last eval metrics and
     the optimizer steps of its run."""
 
-    model: ProteinMPNN
+    model: torch.nn.Module  # ProteinMPNN, or with use_peft the base with its adapters (peft's PeftModel)
     eval_metrics: dict[str, float]
     steps: int
     train_metrics: dict[str, float] = field(default_factory=dict)  # of the last log line
@@ -495,8 +531,8 @@ class Fitted:
 def fit(
     accelerator: Accelerator,
     config: DPOConfig,
-    model: ProteinMPNN,
-    reference: ProteinMPNN | None,
+    model: torch.nn.Module,
+    reference: torch.nn.Module | None,
     data: RunData,
     setup: str,
     log_step_offset: int = 0,
@@ -511,7 +547,10 @@ def fit(
     finish(run)
     trained = accelerator.unwrap_model(run.model, keep_torch_compile=False)
     if config.load_best_model_at_end and run.state.best_step is not None:
-        trained = load_model(run.output_dir / "final").to(accelerator.device)
+        if isinstance(trained, PeftModel):  # the best adapter into the policy its reference switches off
+            load_adapter_weights(trained, run.output_dir / "final")
+        else:
+            trained = load_model(run.output_dir / "final").to(accelerator.device)
     accelerator.free_memory()
     accelerator._custom_objects.clear()  # free_memory leaves the scheduler registered for checkpoints
     return Fitted(trained, run.eval_metrics, run.state.global_step, run.train_metrics)
@@ -534,7 +573,7 @@ class TrainOutput(NamedTuple):
     """What `train` returns: the trained model (in eval mode) and its last logged training and eval
     metrics, as in metrics.jsonl."""
 
-    model: ProteinMPNN
+    model: torch.nn.Module
     metrics: dict[str, float]
 
 
@@ -567,6 +606,10 @@ def train(
         reference_name = config.ref_model_name_or_path or "the policy's starting weights"
         reference_name = "none" if reference is None else reference_name
         noise = f"backbone noise {model.config.augment_eps:.2f} Å, dropout {model.config.dropout:g}"
+        if isinstance(model, PeftModel):
+            noise += f"; {trainable_parameters(model)}"
+            if isinstance(reference, WithoutAdapters):
+                reference_name = "the base model, adapters off"
         say(accelerator, f"Policy {config.model_name_or_path} ({noise}); reference {reference_name}")
         accelerator.init_trackers(config.run_name, config=config.to_sanitized_dict())
         with ending(accelerator):
