@@ -25,6 +25,7 @@ BAD = ROOT / "tests" / "data" / "bad"
 STRUCTURES = BAD / "structures"
 ROOT_OPTION = ("--structure_root", str(STRUCTURES))
 TRAIN = (sys.executable, "-m", "dpo_inv.run")
+SAID = "python -m dpo_inv.run: error: "  # how every error line of a training run starts
 QUICK = (
     "--eval_split",
     "0",
@@ -142,7 +143,7 @@ def test_training_on_each_bad_file_exits_2_with_its_line_and_no_traceback(tmp_pa
     for case, result in results.items():
         assert result.returncode == EXIT_BAD_INPUT, (case, result.stderr[-2000:])
         last = result.stderr.strip().splitlines()[-1]
-        assert last == (
+        assert last == SAID + (
             EMPTY[1] if case == "empty_data" else expected("wrong_length" if case == "debug" else case)
         )
         assert ("Traceback" in result.stderr) == (case == "debug"), case
@@ -194,7 +195,7 @@ def test_bad_input_on_two_ranks_is_reported_once_by_rank_0(tmp_path):
     result = train(tmp_path, "--train_file", str(BAD / "wrong_length.jsonl"), command=torchrun)
     assert result.returncode != 0
     output = result.stdout + result.stderr
-    assert output.count(expected("wrong_length")) == 1
+    assert output.count(SAID + expected("wrong_length")) == 1
     # rank 0 ends with status 2, rank 1 too unless torchrun has ended it first
     exit_codes = set(re.findall(r"exitcode\s*: (-?\d+)", output))
     assert str(EXIT_BAD_INPUT) in exit_codes and exit_codes <= {str(EXIT_BAD_INPUT), str(-signal.SIGTERM)}
@@ -212,7 +213,7 @@ def test_an_eval_split_that_leaves_nothing_to_train_on_exits_2(tmp_path):
     data.write_text("".join(json.dumps({**good, "pdb_file": name}) + "\n" for name in names))
     result = train(tmp_path, "--train_file", str(data), "--eval_split", "0.9")
     assert result.returncode == EXIT_BAD_INPUT
-    assert result.stderr.strip().splitlines()[-1] == (
+    assert result.stderr.strip().splitlines()[-1] == SAID + (
         f"{data}: eval_split=0.9 leaves no training structure out of 2; lower eval_split or give an eval_file"
     )
 

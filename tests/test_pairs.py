@@ -288,14 +288,15 @@ def test_command_line_errors_exit_2_without_traceback(tmp_path, cache):
     options = ["--output", str(tmp_path / "pairs.jsonl"), "--cache_dir", str(cache)]
     result = command(str(data), *options)
     assert result.returncode == 2 and "Traceback" not in result.stderr
-    assert result.stderr == f"{data}:2: score field 'score' is not a number: 'n/a'; write a number\n"
+    said = "python -m dpo_inv pairs: error: "  # how every error line of the command starts
+    assert result.stderr == f"{said}{data}:2: score field 'score' is not a number: 'n/a'; write a number\n"
 
     data = write(tmp_path / "scored.jsonl", rows)
     result = command(str(data), *options, "--min_margin", "1.5")
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert result.stderr == (
-        f"{data}: no pairs: no two sequences of one group differ in score by > 0 and >= --min_margin 1.5 "
-        "(2 records, 1 groups); give a smaller --min_margin\n"
+        f"{said}{data}: no pairs: no two sequences of one group differ in score by > 0 and >= --min_margin "
+        "1.5 (2 records, 1 groups); give a smaller --min_margin\n"
     )
     assert not (tmp_path / "pairs.jsonl").exists()
 

@@ -89,7 +89,8 @@ def test_the_reference_csv_names_the_structure_on_the_command_line(tmp_path):
     reference.write_text(f"DMS_filename,pdb_file\n{other.name},x.pdb\n")
     missing = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True)
     assert missing.returncode == 2 and missing.stderr == (
-        f"{reference}: no row with DMS_filename {SCAN}; add one, or give --structure\n"
+        f"python -m dpo_inv score: error: {reference}: no row with DMS_filename {SCAN}; add one, or give "
+        "--structure\n"
     )
 
 

@@ -238,7 +238,8 @@ def test_bad_targets_and_options_exit_2_with_one_line_each(tmp_path):
         str(tmp_path / "out"),
         check=False,
     )
-    assert result.returncode == 2 and result.stderr.strip().splitlines() == lines
+    said = [f"python -m dpo_inv rounds: error: {line}" for line in lines]  # each line so prefixed
+    assert result.returncode == 2 and result.stderr.strip().splitlines() == said
     result = rounds(tmp_path, "--targets_file", str(bad), check=False)
     assert result.returncode == 2 and result.stderr.strip().splitlines()[-1].endswith(
         "error: give either reward (a Python function) or reward_command (a shell command)"

@@ -172,5 +172,6 @@ def test_command_line_summary_and_errors(tmp_path):
     result = subprocess.run([*command[:5], bad, *command[6:]], cwd=ROOT, capture_output=True, text=True)
     assert result.returncode == 2
     assert (
-        result.stderr.startswith(f"{bad}:1: preferred_seq has length 3") and "Traceback" not in result.stderr
+        result.stderr.startswith(f"python -m dpo_inv score: error: {bad}:1: preferred_seq has length 3")
+        and "Traceback" not in result.stderr
     )

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from dpo_inv.errors import OptionError
 from dpo_inv.models.options import ModelOptions
 
 # ProteinMPNN's four noise levels, the one adapted (the default checkpoint) first
@@ -89,10 +90,10 @@ class ProposeConfig(ModelOptions):
 
     def __post_init__(self) -> None:
         if self.acquisition not in ("thompson", "ucb", "greedy"):
-            raise ValueError(f"--acquisition {self.acquisition}: give thompson, ucb or greedy")
+            raise OptionError(f"--acquisition {self.acquisition}: give thompson, ucb or greedy")
         for name in ("max_mutations", "batch_size", "members", "rounds"):
             if getattr(self, name) < 1:
-                raise ValueError(f"--{name} {getattr(self, name)}: give a positive number")
+                raise OptionError(f"--{name} {getattr(self, name)}: give a positive number")
 
 
 # what campaign.json keeps from the first call: the design space and the model (fixed), and the round

@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from dpo_inv.data.measurements import Measurement, read_measurements
-from dpo_inv.data.records import DataError, write_json, write_text
+from dpo_inv.data.records import write_json, write_text
+from dpo_inv.errors import MeasurementError, OptionError
 from dpo_inv.training.output_lock import LOCK_FILE, lock_folder
 
 SETTINGS = "campaign.json"
@@ -85,7 +86,7 @@ class CampaignFolder:
         """The last round's proposals must have their measurements before another round."""
         last = self.last_proposed()
         if last and not self.measurements_file(last).exists():
-            raise DataError(
+            raise MeasurementError(
                 f"{self.round_dir(last)}: its proposals await their measurements: write them to "
                 f"{self.measurements_file(last)} (mutations,value), then propose again"
             )
@@ -113,7 +114,7 @@ class CampaignFolder:
         with contextlib.ExitStack() as stack:
             holder = lock_folder(stack, self.path)
             if holder is not None:
-                raise DataError(
+                raise OptionError(
                     f"{self.path} is in use by another propose ({holder}; see {self.path / LOCK_FILE}): wait "
                     "for it to end, then propose again"
                 )

@@ -9,7 +9,7 @@ import numpy as np
 
 from dpo_inv.campaign.folder import MeasuredRound
 from dpo_inv.data.measurements import Measurement
-from dpo_inv.data.records import DataError
+from dpo_inv.errors import MeasurementError
 from dpo_inv.structures.parse import AMINO_ACIDS, tokenize
 from dpo_inv.tools.design_space import DesignSpace, variant_key
 
@@ -69,7 +69,7 @@ def read_history(space: DesignSpace, measured: list[MeasuredRound], listed: bool
                 failed.setdefault(key, tokens)
                 continue
             if key in seen and seen[key][0] != row.value:
-                raise DataError(
+                raise MeasurementError(
                     f"{row.location}: {row.variant or 'the parent'} measured {row.value:g} here and "
                     f"{seen[key][0]:g} at {seen[key][1]}: keep one value per variant (average replicates)"
                 )
@@ -80,7 +80,7 @@ def read_history(space: DesignSpace, measured: list[MeasuredRound], listed: bool
         )
         for earlier, other in contents:
             if content and content <= other:
-                raise DataError(
+                raise MeasurementError(
                     f"{round_.path}: its rows repeat those of {earlier} (the same variants and values): "
                     f"write round {round_.round}'s own measurements there"
                 )
@@ -131,7 +131,7 @@ def variant_tokens(space: DesignSpace, row: Measurement) -> np.ndarray:
         return space.parse(row.variant, row.location)
     tokens = tokenize(row.variant.replace("/", "").replace(":", ""))
     if len(tokens) != len(space.parent) or (tokens < 0).any():
-        raise DataError(
+        raise MeasurementError(
             f"{row.location}: the sequence has {len(tokens)} residues (or letters outside "
             f"{AMINO_ACIDS}); the designed chains have {len(space.parent)}"
         )

@@ -9,7 +9,7 @@ from typing import Literal, Protocol
 import numpy as np
 
 from dpo_inv.campaign.acquisition import Acquisition, choose_batch, zero_shot_batch
-from dpo_inv.data.records import DataError
+from dpo_inv.errors import OptionError
 from dpo_inv.tools.adapt import Adapted, AdaptOptions
 from dpo_inv.tools.design_space import variant_keys
 
@@ -86,7 +86,7 @@ def next_batch(state: CampaignState, scorer: Scorer, settings: RoundSettings) ->
         candidates = candidates[~np.isin(variant_keys(candidates), variant_keys(included))]
     wanted = settings.batch_size - len(included)
     if wanted > len(candidates):
-        raise DataError(
+        raise OptionError(
             f"--batch_size {settings.batch_size}: only {len(candidates) + len(included)} candidates are left "
             "unmeasured; propose fewer or widen the design space"
         )

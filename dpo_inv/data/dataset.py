@@ -36,6 +36,7 @@ from dpo_inv.data.records import (
     records_folder,
 )
 from dpo_inv.data.saved import load_cached, load_saved, save_atomically, saved_made_of
+from dpo_inv.errors import OptionError
 from dpo_inv.structures.membrane import membrane_labels
 from dpo_inv.structures.parse import (
     ALPHABET,
@@ -87,21 +88,21 @@ def structure_key(
     structure file."""
     pdb_file = record.get("pdb_file")
     if not isinstance(pdb_file, str) or not pdb_file:
-        raise ValueError(
+        raise DataError(
             "missing required field pdb_file (alias structure): the structure file's path; for a file that "
             "names none (ProteinGym's layout), give it once: --structure FILE [--chain_id A] or "
             "--proteingym_reference reference.csv"
         )
     path = (Path(pdb_file) if Path(pdb_file).is_absolute() else root / pdb_file).resolve()
     if allowed and not any(path.is_relative_to(folder) for folder in allowed):
-        raise ValueError(
+        raise DataError(
             f"structure file {path} is outside structure_root ({', '.join(map(str, allowed))}); move it "
             "there or add its folder to structure_root"
         )
     if not path.is_file():
-        raise ValueError(f"structure file not found: {path} (a relative path is relative to {root_name})")
+        raise DataError(f"structure file not found: {path} (a relative path is relative to {root_name})")
     if not os.access(path, os.R_OK):
-        raise ValueError(f"structure file not readable: {path} (permission denied)")
+        raise DataError(f"structure file not readable: {path} (permission denied)")
     if record.get("chain_id") not in (None, ""):
         design = [str(record["chain_id"])]
     else:
@@ -123,22 +124,22 @@ def _mutable_mask(record: dict, num_designed: int) -> np.ndarray:
     positions = as_list(record.get("mutable_positions"))
     ranges = as_list(record.get("mutable_ranges"))
     if positions and ranges:
-        raise ValueError("give mutable_positions or mutable_ranges, not both")
+        raise DataError("give mutable_positions or mutable_ranges, not both")
     if not positions and not ranges:
         return np.ones(num_designed, dtype=np.int8)
     if ranges:
         if any(not isinstance(r, (list, tuple)) or len(r) != 2 for r in ranges):
-            raise ValueError(f"mutable_ranges must be inclusive [start, end] pairs, got {ranges}")
+            raise DataError(f"mutable_ranges must be inclusive [start, end] pairs, got {ranges}")
         positions = [p for start, end in ranges for p in range(int(start), int(end) + 1)]
     mask = np.zeros(num_designed, dtype=np.int8)
     for p in positions:
         if not 0 <= int(p) < num_designed:
-            raise ValueError(f"mutable position {p} outside the designed sequence (0..{num_designed - 1})")
+            raise DataError(f"mutable position {p} outside the designed sequence (0..{num_designed - 1})")
         mask[int(p)] = 1
     return mask
 
 
-class LengthError(ValueError):
+class LengthError(DataError):
     """A sequence whose length is not the designed chains' (`length` is the sequence's)."""
 
     def __init__(self, message: str, length: int) -> None:
@@ -171,11 +172,11 @@ def other_reading_hint(path: str, chains: tuple[str, ...], options: ParseOptions
 def _check_sequence(name: str, seq: Any, expected: int, pdb: str, chains: tuple[str, ...]) -> np.ndarray:
     if not isinstance(seq, str) or not seq:
         alias = {v: k for k, v in ALIASES.items()}.get(name)
-        raise ValueError(f"missing required field {name}" + (f" (alias {alias})" if alias else ""))
+        raise DataError(f"missing required field {name}" + (f" (alias {alias})" if alias else ""))
     bad = sorted(set(seq) - set(ALPHABET))
     if bad:
         chains_hint = " (join the chains' sequences without /)" if "/" in bad else ""
-        raise ValueError(
+        raise DataError(
             f"{name} has characters outside the 20 amino acids + X: {''.join(bad)!r}; write upper-case "
             f"one-letter codes{chains_hint}"
         )
@@ -243,7 +244,7 @@ def _label(value: Any) -> int:
         value = int(value)
     key = str(value).strip().lower() if isinstance(value, (bool, int, str)) else None
     if key not in LABELS:
-        raise ValueError(f"label must be true (desirable) or false, got {value!r}")
+        raise DataError(f"label must be true (desirable) or false, got {value!r}")
     return LABELS[key]
 
 
@@ -258,7 +259,7 @@ def residue_score_list(value: Any, name: str, length: int) -> list[float]:
         or any(isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) for v in value)
     ):
         shown = f"a list of {len(value)}" if isinstance(value, list) else repr(value)[:40]
-        raise ValueError(
+        raise DataError(
             f"{name} must be a list of {length} finite numbers, one per designed residue, got {shown}; fix it"
         )
     return [float(v) for v in value]
@@ -269,7 +270,7 @@ def _residue_scores(data: dict, num_designed: int, required: bool) -> tuple[list
     values = [data.get(name) for name in RESIDUE_SCORE_FIELDS]
     if all(v is None for v in values):
         if required:
-            raise ValueError(
+            raise DataError(
                 f"missing {' and '.join(RESIDUE_SCORE_FIELDS)}, which loss_type residpo needs: one number "
                 "per designed residue of each sequence"
             )
@@ -286,7 +287,7 @@ def _row(data: dict, kind: RecordKind, structure: dict, residue: bool) -> dict:
     design_chains, residue_ids and native); a ValueError or TypeError says what is wrong."""
     num_designed, chains, pdb = structure["num_designed"], tuple(structure["design_chains"]), data["pdb_file"]
     if kind is STRUCTURES and data.get("preferred_seq") is not None:
-        raise ValueError(
+        raise DataError(
             "a pair (preferred_seq) where structure records are read: loss_type sft alone trains on "
             "structures and their sequences; for the NLL of preferred sequences beside DPO give loss_type "
             "[sigmoid, sft], to train on a design name it sequence"
@@ -301,7 +302,7 @@ def _row(data: dict, kind: RecordKind, structure: dict, residue: bool) -> dict:
             row[column] = _check_sequence(name, data.get(name), num_designed, pdb, chains)
     weight = float(data["weight"]) if data.get("weight") is not None else 1.0
     if not np.isfinite(weight) or weight < 0:
-        raise ValueError(f"weight must be a finite number >= 0, got {data['weight']!r}")
+        raise DataError(f"weight must be a finite number >= 0, got {data['weight']!r}")
     row.update(
         mutable=_mutable_mask(data, num_designed),
         weight=weight,
@@ -309,12 +310,12 @@ def _row(data: dict, kind: RecordKind, structure: dict, residue: bool) -> dict:
     )
     if kind is LABELLED:
         if data.get("label") is None:
-            raise ValueError("missing required field label: true for a desirable sequence, false otherwise")
+            raise DataError("missing required field label: true for a desirable sequence, false otherwise")
         row["label"] = _label(data["label"])
     if kind is PAIRS:
         row["chosen_scores"], row["rejected_scores"] = _residue_scores(data, num_designed, residue)
     if kind is STRUCTURES and not (row["mutable"] * structure["observed"]).any():
-        raise ValueError(
+        raise DataError(
             f"no designed residue of chains {list(chains)} of {pdb} is both observed and mutable: nothing to "
             "train on; design other chains or drop the record"
         )
@@ -347,7 +348,7 @@ def load_records(
     Records that name no structure take ``given``'s, and a `mutant` its sequences (ProteinGym's layout).
     """
     if on_bad_record not in ON_BAD_RECORD:
-        raise ValueError(f"on_bad_record must be one of {ON_BAD_RECORD}, got {on_bad_record!r}")
+        raise OptionError(f"on_bad_record must be one of {ON_BAD_RECORD}, got {on_bad_record!r}")
     records = None if is_file(data) and Path(data).is_file() else read_records(data, name)
     source = data_name(data, name)
     root = records_folder(data)

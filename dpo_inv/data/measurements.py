@@ -11,7 +11,8 @@ import math
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from dpo_inv.data.records import DataError, Record, read_records
+from dpo_inv.data.records import Record, read_records
+from dpo_inv.errors import MeasurementError
 
 VARIANT_FIELDS = ("mutations", "mutant", "sequence", "mutated_sequence")
 VALUE_FIELDS = ("value", "DMS_score")
@@ -41,7 +42,7 @@ def read_measurements(path: str | Path, value_field: str | None = None) -> list[
         missing = "a variant column (" + ", ".join(VARIANT_FIELDS) + ")" if variant_field is None else ""
         if found_value is None:
             missing += (" and " if missing else "") + f"a value column ({', '.join(value_fields)})"
-        raise DataError(
+        raise MeasurementError(
             f"{path}: no {missing} among its columns ({', '.join(sorted(columns)) or 'none'}): write "
             "variant,value rows such as mutations,value / V39F:D40W,0.8 (ProteinGym's mutant,DMS_score too)"
         )
@@ -68,7 +69,7 @@ def read_measurements(path: str | Path, value_field: str | None = None) -> list[
             continue
         measured.append(variant_of(record, variant_field, number))
     if errors:
-        raise DataError(errors[0] + (f" (and {len(errors) - 1} more rows)" if len(errors) > 1 else ""))
+        raise MeasurementError(errors[0] + (f" (and {len(errors) - 1} more rows)" if len(errors) > 1 else ""))
     return measured
 
 
@@ -97,7 +98,7 @@ def read_variants(path: str | Path) -> list[Measurement]:
     columns = {key for record in records for key in (record.data or {})}
     variant_field = next((f for f in VARIANT_FIELDS if f in columns), None)
     if variant_field is None:
-        raise DataError(
+        raise MeasurementError(
             f"{path}: no variant column ({', '.join(VARIANT_FIELDS)}) among its columns "
             f"({', '.join(sorted(columns)) or 'none'}): name each candidate, e.g. mutations / V39F:D40W"
         )

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Literal
 
 from dpo_inv.data.records import DataError, Record
+from dpo_inv.errors import OptionError
 from dpo_inv.structures.parse import protein_chains, read_model
 
 # wild type, chain (author numbering with several chains), number (insertion code too), new amino acid
@@ -108,23 +109,23 @@ def variant_of(
     for item in mutant.split(":"):
         match = MUTATION.match(item.strip())
         if match is None:
-            raise ValueError(f"mutant {item!r} is not a substitution such as A23G (wild type, number, new)")
+            raise DataError(f"mutant {item!r} is not a substitution such as A23G (wild type, number, new)")
         label = f"{match[2]}{match[3]}" if match[2] else match[3]
         if label not in index:
-            raise ValueError(f"mutant {item!r}: no residue {label} of the designed chains ({numbering}); if "
+            raise DataError(f"mutant {item!r}: no residue {label} of the designed chains ({numbering}); if "
                              f"the numbers are the other kind, give --mutant_numbering {other}")  # fmt: skip
         i = index[label]
         if i >= len(sequence):
-            raise ValueError(f"mutant {item!r}: mutated_sequence has {len(sequence)} residues")
+            raise DataError(f"mutant {item!r}: mutated_sequence has {len(sequence)} residues")
         if mutated:
             if sequence[i] != match[4]:
-                raise ValueError(
+                raise DataError(
                     f"mutant {item!r}: mutated_sequence has {sequence[i]} at {label}, not {match[4]}"
                 )
             parent[i] = match[1]
         else:
             if wildtype[i] != match[1]:
-                raise ValueError(
+                raise DataError(
                     f"mutant {item!r}: the structure has {wildtype[i]} at {label} ({numbering}), not "
                     f"{match[1]}; check the structure and chain, or give --mutant_numbering {other}"
                 )
@@ -160,14 +161,14 @@ class StructureOptions:
     def given_structure(self, data: object) -> GivenStructure | None:
         """The structure these options state for ``data`` (a file, or records in memory), if any."""
         if self.structure is not None and self.proteingym_reference is not None:
-            raise ValueError("give --structure or --proteingym_reference, not both")
+            raise OptionError("give --structure or --proteingym_reference, not both")
         if self.proteingym_reference is not None:
             if not isinstance(data, (str, Path)):
-                raise ValueError("--proteingym_reference finds a scan file's row: give the data as a file")
+                raise OptionError("--proteingym_reference finds a scan file's row: give the data as a file")
             return from_reference(self.proteingym_reference, data, self.mutant_numbering)
         if self.structure is None:
             if self.chain_id:
-                raise ValueError("--chain_id without --structure: the records name their own chains")
+                raise OptionError("--chain_id without --structure: the records name their own chains")
             return None
         return GivenStructure(
             str(Path(self.structure).resolve()), tuple(self.chain_id), self.mutant_numbering

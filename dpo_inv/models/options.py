@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from dpo_inv.errors import OptionError
 from dpo_inv.models.mpnn import ProteinMPNNConfig
 from dpo_inv.models.weights import LIGAND_CONTEXT_HELP, LIGAND_EXCLUDE_HELP, parse_options
 from dpo_inv.structures.parse import ParseOptions
@@ -32,4 +33,4 @@ def check_signs(config: Any, positive: tuple[str, ...] = (), non_negative: tuple
             value = getattr(config, name)
             for number in value if isinstance(value, list) else [value]:
                 if number is not None and not (number > 0 if rule == "> 0" else number >= 0):
-                    raise ValueError(f"{name} must be {rule}, got {value}")
+                    raise OptionError(f"{name} must be {rule}, got {value}")

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from dpo_inv.data.batches import structure_inputs
+from dpo_inv.errors import OptionError
 from dpo_inv.models.layers import (
     causal_neighbor_mask,
     gather_nodes,
@@ -41,10 +42,10 @@ def allowed_tokens(omit_aas: str) -> Tensor:
     """Tokens that may be sampled: the 20 amino acids (never X) except the letters in ``omit_aas``."""
     unknown = sorted(set(omit_aas.upper()) - set(ALPHABET))
     if unknown:
-        raise ValueError(f"omit_aas: unknown amino acid letters {''.join(unknown)!r} (use {AMINO_ACIDS})")
+        raise OptionError(f"omit_aas: unknown amino acid letters {''.join(unknown)!r} (use {AMINO_ACIDS})")
     allowed = torch.tensor([a in AMINO_ACIDS and a not in omit_aas.upper() for a in ALPHABET])
     if not allowed.any():
-        raise ValueError("omit_aas: every amino acid is omitted")
+        raise OptionError("omit_aas: every amino acid is omitted")
     return allowed
 
 
@@ -132,11 +133,11 @@ def sample_sequences(
     its members).
     """
     if temperature < 0:
-        raise ValueError(f"temperature must be >= 0, got {temperature}")
+        raise OptionError(f"temperature must be >= 0, got {temperature}")
     if num_samples < 1:
-        raise ValueError(f"num_samples must be >= 1, got {num_samples}")
+        raise OptionError(f"num_samples must be >= 1, got {num_samples}")
     if max_mutations is not None and max_mutations < 0:
-        raise ValueError(f"max_mutations must be >= 0, got {max_mutations}")
+        raise OptionError(f"max_mutations must be >= 0, got {max_mutations}")
     if len(seeds) != len(batch["mask"]):
         raise ValueError(f"need one seed per structure: {len(seeds)} seeds for {len(batch['mask'])}")
     device = model.device
@@ -151,7 +152,7 @@ def sample_sequences(
     members, size = tie_groups(tied, decoded)
     lengths = batch["length"].tolist()
     if decoding_order not in ("random", "left_to_right"):
-        raise ValueError(f"decoding_order must be random or left_to_right, got {decoding_order!r}")
+        raise OptionError(f"decoding_order must be random or left_to_right, got {decoding_order!r}")
     order_seeds = seeds if decoding_order == "random" else None
     ranks = decoding_ranks(decoded.float(), mask, order_seeds, num_orders=num_samples, lengths=lengths)
     ranks = tied_ranks(ranks, tied)

@@ -26,6 +26,7 @@ from dpo_inv.data.batches import ExampleDataset, collate, structure_inputs
 from dpo_inv.data.dataset import RecordSet, column
 from dpo_inv.data.proteingym import GivenStructure, complete_records
 from dpo_inv.data.records import Data, raise_bad_records, read_records
+from dpo_inv.errors import StructureError
 from dpo_inv.models.combinations import base_order, joint_deltas, joint_plan
 from dpo_inv.models.layers import DecoderStates, Encoding
 from dpo_inv.models.mpnn import ProteinMPNN, decoding_ranks, derive_seed
@@ -157,7 +158,7 @@ def group_batch(
     batch = {k: v.to(device) for k, v in collate([dataset[group.records[0]]]).items()}
     unobserved = [p for p in group.positions if batch["mask"][0, p] == 0]
     if unobserved:
-        raise ValueError(
+        raise StructureError(  # not a DataError: on the ranks that meet it, not all together
             f"substitution at position {unobserved[0]} of a residue without backbone coordinates "
             f"(structure {dataset.structures[group.structure_id]['path']}); it cannot be scored"
         )

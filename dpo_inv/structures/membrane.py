@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from dpo_inv.errors import DataError
+
 MEMBRANE_FIELDS = ("transmembrane_buried", "transmembrane_interface", "global_transmembrane_label")
 INTERFACE, BURIED = 1, 2
 
@@ -20,7 +22,7 @@ def _residues(value: Any, name: str) -> list[str]:
         return []
     items = value.split() if isinstance(value, str) else value
     if not isinstance(items, list) or not all(isinstance(item, str) for item in items):
-        raise ValueError(f'{name} must list residues as chain + number, e.g. "A12 A13 B52A", got {value!r}')
+        raise DataError(f'{name} must list residues as chain + number, e.g. "A12 A13 B52A", got {value!r}')
     return items
 
 
@@ -32,9 +34,9 @@ def membrane_labels(data: dict, residue_ids: Sequence[str]) -> list[int]:
     label = data.get("global_transmembrane_label")
     if label is not None:
         if buried or interface:
-            raise ValueError("give global_transmembrane_label or transmembrane_buried/_interface, not both")
+            raise DataError("give global_transmembrane_label or transmembrane_buried/_interface, not both")
         if isinstance(label, bool) or label not in (0, 1, "0", "1"):
-            raise ValueError(
+            raise DataError(
                 f"global_transmembrane_label must be 1 (transmembrane) or 0 (soluble), got {label!r}"
             )
         return [int(label)] * len(residue_ids)
@@ -44,12 +46,12 @@ def membrane_labels(data: dict, residue_ids: Sequence[str]) -> list[int]:
     for name, items in (("transmembrane_buried", buried), ("transmembrane_interface", interface)):
         unknown = [item for item in items if item not in known]
         if unknown:
-            raise ValueError(
+            raise DataError(
                 f"{name} names residues not in the record's chains: {' '.join(unknown[:5])}; write chain + "
                 "author residue number, e.g. A12"
             )
     both = sorted(set(buried) & set(interface))
     if both:
-        raise ValueError(f"residues both buried and interface: {' '.join(both[:5])}; give each one label")
+        raise DataError(f"residues both buried and interface: {' '.join(both[:5])}; give each one label")
     labels = dict.fromkeys(interface, INTERFACE) | dict.fromkeys(buried, BURIED)
     return [labels.get(residue, 0) for residue in residue_ids]

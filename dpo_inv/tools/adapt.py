@@ -27,6 +27,7 @@ from dpo_inv.data.batches import ExampleDataset, collate, structure_inputs
 from dpo_inv.data.dataset import VARIANTS, RecordSet, load_records
 from dpo_inv.data.proteingym import StructureOptions
 from dpo_inv.data.records import Data, DataError, write_json
+from dpo_inv.errors import OptionError
 from dpo_inv.models.combinations import MAX_ORDERS, Slots, base_order, joint_plan, joint_slots, slot_head
 from dpo_inv.models.mpnn import ProteinMPNN
 from dpo_inv.models.options import ModelOptions
@@ -434,13 +435,13 @@ def choose_and_train(model: ProteinMPNN, sets: list[VariantSet], config: AdaptOp
 def check_options(config: AdaptOptions) -> None:
     """Options that would train the wrong thing: a `ValueError` names the option and the fix."""
     if config.num_folds < 2:
-        raise ValueError(f"--num_folds {config.num_folds}: cross-validation needs at least 2 folds")
+        raise OptionError(f"--num_folds {config.num_folds}: cross-validation needs at least 2 folds")
     if not config.learning_rates or min(config.learning_rates) <= 0:
-        raise ValueError(f"--learning_rates {config.learning_rates}: give one or more positive rates")
+        raise OptionError(f"--learning_rates {config.learning_rates}: give one or more positive rates")
     if not config.max_steps or min(config.max_steps) < 1:
-        raise ValueError(f"--max_steps {config.max_steps}: give one or more positive numbers of steps")
+        raise OptionError(f"--max_steps {config.max_steps}: give one or more positive numbers of steps")
     if config.beta <= 0:
-        raise ValueError(f"--beta {config.beta}: β must be positive")
+        raise OptionError(f"--beta {config.beta}: β must be positive")
 
 
 def adapt_model(model: ProteinMPNN, data: Data, config: AdaptOptions) -> tuple[ProteinMPNN, dict[str, Any]]:

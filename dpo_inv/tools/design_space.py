@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from dpo_inv.data.proteingym import MUTATION, WILD_TYPE
+from dpo_inv.errors import DataError, OptionError
 from dpo_inv.structures.parse import ALPHABET, AMINO_ACIDS, PROTEINMPNN_PARSE, ParseOptions, StructureError
 from dpo_inv.tools.sample import fixed_indices, parse_fixed_positions, prepare_design
 
@@ -60,16 +61,16 @@ class DesignSpace:
         for item in text.split(":"):
             match = MUTATION.match(item.strip())
             if match is None:
-                raise ValueError(f"{where}: {item!r} is not a mutation such as V39F (parent, number, new)")
+                raise DataError(f"{where}: {item!r} is not a mutation such as V39F (parent, number, new)")
             name = f"{match[2]}{match[3]}" if match[2] else match[3]
             if name not in self.index:
-                raise ValueError(
+                raise DataError(
                     f"{where}: {item!r}: no designed residue {name} (author numbering of "
                     f"the designed residues: {self.labels[0]}..{self.labels[-1]})"
                 )
             i = self.index[name]
             if ALPHABET[self.parent[i]] != match[1]:
-                raise ValueError(
+                raise DataError(
                     f"{where}: {item!r}: the parent has {ALPHABET[self.parent[i]]} at {name}, not {match[1]}"
                 )
             variant[i] = ALPHABET.index(match[4])
@@ -141,7 +142,7 @@ def parse_allowed(spec: str, positions: Sequence[str]) -> dict[str, str]:
 def check_letters(letters: str, spec: str) -> None:
     bad = sorted(set(letters) - set(AMINO_ACIDS))
     if not letters or bad:
-        raise ValueError(f"--allowed_aas: {spec!r}: give amino acids of {AMINO_ACIDS} (not {''.join(bad)})")
+        raise OptionError(f"--allowed_aas: {spec!r}: give amino acids of {AMINO_ACIDS} (not {''.join(bad)})")
 
 
 def read_design_space(
@@ -182,7 +183,7 @@ def read_design_space(
     allowed_letters = parse_allowed(allowed_aas, labels)
     unknown = sorted(set(allowed_letters) - set(labels))
     if unknown:
-        raise ValueError(f"--allowed_aas: {', '.join(unknown)} not among --positions ({', '.join(labels)})")
+        raise OptionError(f"--allowed_aas: {', '.join(unknown)} not among --positions ({', '.join(labels)})")
     allowed = [
         np.array([t for t in (ALPHABET.index(a) for a in allowed_letters.get(label, AMINO_ACIDS))
                   if t != parent_tokens[i]])

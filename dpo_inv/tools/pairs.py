@@ -27,6 +27,7 @@ from dpo_inv.data.records import (
     records_folder,
     write_jsonl,
 )
+from dpo_inv.errors import OptionError
 from dpo_inv.models.weights import model_parse_options
 from dpo_inv.structures.parse import PROTEINMPNN_PARSE
 
@@ -124,26 +125,26 @@ Pair = tuple[Scored, Scored]  # (preferred, unpreferred)
 def _number(value: Any, name: str, text_ok: bool) -> float:
     """A finite number; text is accepted only from CSV, where every cell is text."""
     if value is None:
-        raise ValueError(
+        raise DataError(
             f"missing score field {name!r}; add a number to every record or name it with --score_field"
         )
     if text_ok and isinstance(value, str):
         with contextlib.suppress(ValueError):
             value = float(value)
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"score field {name!r} is not a number: {value!r}; write a number")
+        raise DataError(f"score field {name!r} is not a number: {value!r}; write a number")
     if not math.isfinite(value):
-        raise ValueError(f"score field {name!r} is {value!r}; give a finite number or leave the record out")
+        raise DataError(f"score field {name!r} is {value!r}; give a finite number or leave the record out")
     return float(value)
 
 
 def _mutation(sequence: str, wildtype: Any) -> int:
     """The one position where a single mutant differs from its wild type."""
     if not isinstance(wildtype, str) or not wildtype:
-        raise ValueError("missing wildtype_seq, which --strategy same_position needs; add the wild type")
+        raise DataError("missing wildtype_seq, which --strategy same_position needs; add the wild type")
     differ = [i for i, (a, b) in enumerate(zip(sequence, wildtype, strict=True)) if a != b]
     if len(differ) != 1:
-        raise ValueError(
+        raise DataError(
             f"sequence differs from wildtype_seq at {len(differ)} positions {differ[:5]}; --strategy "
             "same_position needs single mutants: leave the record out or use another strategy"
         )
@@ -290,24 +291,24 @@ def _labelled_record(item: Scored, desirable: bool, structure: dict, config: Pai
 
 def check_options(config: PairsOptions) -> None:
     if config.labels_from_score is not None and config.labels_from_quantile is not None:
-        raise ValueError("give --labels_from_score or --labels_from_quantile, not both")
+        raise OptionError("give --labels_from_score or --labels_from_quantile, not both")
     if config.labels_from_score is not None and not math.isfinite(config.labels_from_score):
-        raise ValueError(f"--labels_from_score must be a finite number, got {config.labels_from_score}")
+        raise OptionError(f"--labels_from_score must be a finite number, got {config.labels_from_score}")
     if config.labels_from_quantile is not None and not 0 <= config.labels_from_quantile < 1:
-        raise ValueError(f"--labels_from_quantile must be in [0, 1), got {config.labels_from_quantile}")
+        raise OptionError(f"--labels_from_quantile must be in [0, 1), got {config.labels_from_quantile}")
     if not math.isfinite(config.min_margin) or config.min_margin < 0:
-        raise ValueError(f"--min_margin must be a finite number >= 0, got {config.min_margin}")
+        raise OptionError(f"--min_margin must be a finite number >= 0, got {config.min_margin}")
     if config.top_k < 1:
-        raise ValueError(f"--top_k must be >= 1, got {config.top_k}")
+        raise OptionError(f"--top_k must be >= 1, got {config.top_k}")
     if config.max_pairs_per_structure is not None and config.max_pairs_per_structure < 1:
-        raise ValueError(f"--max_pairs_per_structure must be >= 1, got {config.max_pairs_per_structure}")
+        raise OptionError(f"--max_pairs_per_structure must be >= 1, got {config.max_pairs_per_structure}")
     if config.wildtype_score is not None:
         if config.strategy != "same_position":
-            raise ValueError("--wildtype_score applies only to --strategy same_position")
+            raise OptionError("--wildtype_score applies only to --strategy same_position")
         if not math.isfinite(config.wildtype_score):
-            raise ValueError(f"--wildtype_score must be a finite number, got {config.wildtype_score}")
+            raise OptionError(f"--wildtype_score must be a finite number, got {config.wildtype_score}")
         if config.residue_score_field:
-            raise ValueError(
+            raise OptionError(
                 "--wildtype_score cannot go with --residue_score_field (no wild-type residue scores)"
             )
 

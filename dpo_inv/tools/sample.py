@@ -18,6 +18,7 @@ from torch import Tensor
 from dpo_inv.data.batches import collate
 from dpo_inv.data.progress import progress
 from dpo_inv.data.records import rebase_paths, write_text
+from dpo_inv.errors import DataError, OptionError
 from dpo_inv.models.mpnn import ProteinMPNN, ProteinMPNNConfig, derive_seed
 from dpo_inv.models.options import ModelOptions, check_signs
 from dpo_inv.models.sampling import allowed_tokens, sample_sequences
@@ -140,9 +141,9 @@ class SampleOptions(ModelOptions):
     def __post_init__(self) -> None:
         check_signs(self, positive=("num_samples", "batch_size"), non_negative=("temperature", "seed"))
         if self.max_mutations is not None and self.max_mutations < 1:
-            raise ValueError(f"--max_mutations {self.max_mutations}: give a positive number")
+            raise OptionError(f"--max_mutations {self.max_mutations}: give a positive number")
         if self.redesigned_residues and self.fixed_positions:
-            raise ValueError("give --fixed_positions or --redesigned_residues, not both")
+            raise OptionError("give --fixed_positions or --redesigned_residues, not both")
 
 
 @dataclass
@@ -151,7 +152,7 @@ class SampleConfig(SampleOptions, SampleFiles):
 
     def __post_init__(self) -> None:
         if self.structure is None and self.structure_list is None:
-            raise ValueError("give --structure or --structure_list")
+            raise OptionError("give --structure or --structure_list")
         super().__post_init__()
 
 
@@ -166,7 +167,7 @@ def parse_bias(spec: str) -> Tensor:
         except ValueError:
             number = float("nan")
         if letter not in AMINO_ACIDS or not np.isfinite(number):
-            raise ValueError(f"--bias_aas: {item!r} is not AMINO_ACID:NUMBER such as W:-1")
+            raise OptionError(f"--bias_aas: {item!r} is not AMINO_ACID:NUMBER such as W:-1")
         bias[ALPHABET.index(letter)] = number
     return bias
 
@@ -179,11 +180,11 @@ def parse_fixed_positions(
     for token in " ".join(specs).split():
         chain_id, _, residues = token.partition(":")
         if not chain_id or not residues:
-            raise ValueError(f"{option}: {token!r} is not CHAIN:RESIDUES such as A:1-10,15")
+            raise OptionError(f"{option}: {token!r} is not CHAIN:RESIDUES such as A:1-10,15")
         for item in residues.split(","):
             match = RESIDUE_RANGE.match(item.upper())
             if match is None:
-                raise ValueError(
+                raise OptionError(
                     f"{option}: {item!r} (chain {chain_id}) is not a residue number or range "
                     "such as 15, 52A or 1-10"
                 )
@@ -199,7 +200,7 @@ def parse_redesigned_residues(spec: str) -> dict[str, list[tuple[str, str]]]:
     for token in spec.split():
         match = re.match(rf"^([A-Za-z]+)({RESIDUE})$", token)
         if match is None:
-            raise ValueError(f"--redesigned_residues: {token!r} is not CHAIN+NUMBER such as A12 or B52A")
+            raise OptionError(f"--redesigned_residues: {token!r} is not CHAIN+NUMBER such as A12 or B52A")
         residues.setdefault(match[1], []).append((match[2].upper(), match[2].upper()))
     return residues
 
@@ -213,7 +214,7 @@ def parse_tied_positions(specs: Sequence[str]) -> list[Tie]:
     for token in " ".join(specs).split():
         sides = [parse_fixed_positions([side], "--tied_positions") for side in token.split("=")]
         if len(sides) < 2 or any(len(side) != 1 for side in sides):
-            raise ValueError(
+            raise OptionError(
                 f"--tied_positions: {token!r} is not CHAIN:RESIDUES=CHAIN:RESIDUES such as A:1-10=B:1-10"
             )
         ties.append([next(iter(side.items())) for side in sides])
@@ -280,7 +281,7 @@ def fixed_indices(
 def read_structure_list(path: Path) -> list[Path]:
     """Structure paths listed one per line (blank lines and # comments skipped); all must exist."""
     if not path.is_file():
-        raise ValueError(f"{path}: structure list not found")
+        raise DataError(f"{path}: structure list not found")
     structures = []
     for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
         entry = line.strip()
@@ -288,10 +289,10 @@ def read_structure_list(path: Path) -> list[Path]:
             continue
         structure = Path(entry) if Path(entry).is_absolute() else path.parent / entry
         if not structure.is_file():
-            raise ValueError(f"{path}:{number}: structure file not found: {structure}")
+            raise DataError(f"{path}:{number}: structure file not found: {structure}")
         structures.append(structure)
     if not structures:
-        raise ValueError(f"{path}: no structure paths")
+        raise DataError(f"{path}: no structure paths")
     return structures
 
 
@@ -473,7 +474,7 @@ def prepare_designs(
     redesigned = parse_redesigned_residues(config.redesigned_residues) if config.redesigned_residues else None
     ties = parse_tied_positions(config.tied_positions)
     if ties and config.homo_oligomer:
-        raise ValueError("give --tied_positions or --homo_oligomer, not both")
+        raise OptionError("give --tied_positions or --homo_oligomer, not both")
     bias = parse_bias(config.bias_aas)
     allowed_tokens(config.omit_aas)
     options = config.parse_options(model_config)
@@ -543,10 +544,12 @@ def sample_file(config: SampleConfig) -> None:
     names = [d.name for d in designs]
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
-        raise ValueError(f"several structures are named {', '.join(duplicates)}: their .fa files would clash")
+        raise OptionError(
+            f"several structures are named {', '.join(duplicates)}: their .fa files would clash"
+        )
     sampled = [name for name in names if (output / f"{name}.fa").exists()]
     if sampled and not config.overwrite:
-        raise ValueError(
+        raise OptionError(
             f"{output} holds the samples of {', '.join(sampled)} from an earlier run; give another "
             "--output_dir, or --overwrite to replace them"
         )

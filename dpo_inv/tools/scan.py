@@ -17,6 +17,7 @@ from typing import Any, Literal
 import numpy as np
 
 from dpo_inv.data.batches import collate
+from dpo_inv.errors import OptionError
 from dpo_inv.models.mpnn import ProteinMPNN, derive_seed
 from dpo_inv.models.options import ModelOptions, check_signs
 from dpo_inv.models.variants import conditional_log_probs, round_metric
@@ -186,7 +187,7 @@ def predicted_table(scan: Scan, ridge: AugmentedRidge, structure: str | Path) ->
     wildtype = "".join(ALPHABET[t] for t in scan.space.parent)
     if wildtype not in ridge.proteins:
         fitted_on = ", ".join(sorted({protein.pdb_file for protein in ridge.proteins.values()}))
-        raise ValueError(
+        raise OptionError(
             f"{structure}: its designed chains ({len(wildtype)} residues) are not a wild type the ridge was "
             f"fitted on ({fitted_on}): scan without --ridge, or give the structure and chains adapt used"
         )
@@ -231,7 +232,7 @@ def scan_file(config: ScanConfig) -> dict:
     output = Path(config.output_dir)
     existing = [name for name in FILES if (output / name).exists()]
     if existing and not config.overwrite:
-        raise ValueError(f"{output} holds an earlier scan ({', '.join(existing)}); give another "
+        raise OptionError(f"{output} holds an earlier scan ({', '.join(existing)}); give another "
                          "--output_dir, or --overwrite to replace it")  # fmt: skip
     result = scan_structure(config.model, config.structure, config)
     output.mkdir(parents=True, exist_ok=True)

@@ -28,6 +28,7 @@ from dpo_inv.data.records import (
     records_folder,
     write_jsonl,
 )
+from dpo_inv.errors import OptionError
 from dpo_inv.models.mpnn import ProteinMPNN
 from dpo_inv.models.options import ModelOptions, check_signs
 from dpo_inv.models.variants import (
@@ -282,13 +283,13 @@ def check_ridge(ridge: AugmentedRidge, model: ProteinMPNN, path: str, variant_sc
     """Settings under which the augmented ridge at ``path`` would predict from another score than it was
     fitted on."""
     if variant_scoring != ridge.variant_scoring or decoding_order != ridge.decoding_order:
-        raise ValueError(
+        raise OptionError(
             f"--ridge {path} was fitted on {ridge.variant_scoring} delta_logp with --decoding_order "
             f"{ridge.decoding_order}: give those (not --variant_scoring {variant_scoring} "
             f"--decoding_order {decoding_order})"
         )
     if model_fingerprint(model) != ridge.fingerprint:
-        raise ValueError(
+        raise OptionError(
             f"--ridge {path} was fitted on the delta_logp of {ridge.model}, which --model "
             f"{model.name_or_path} is not: give --model {ridge.model}"
         )
@@ -319,7 +320,7 @@ def score_records(
     )
     if ridge is not None:
         if is_pairs:
-            raise ValueError(f"--ridge {config.ridge}: it predicts labelled variants' labels, not pairs")
+            raise OptionError(f"--ridge {config.ridge}: it predicts labelled variants' labels, not pairs")
         check_ridge(ridge, model, config.ridge, config.variant_scoring, config.decoding_order)
         missing = [f"{r.location}: no wildtype_seq: --ridge predicts variants of a wild type it was fitted on"
                    for r, row in zip(records, rows, strict=True) if not row.get("wildtype_seq")]  # fmt: skip

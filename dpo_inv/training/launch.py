@@ -21,6 +21,8 @@ from pathlib import Path
 import torch
 from accelerate import Accelerator
 
+from dpo_inv.errors import OptionError
+
 # (rank, world size, local rank candidates, local size candidates) per launcher, in order of precedence
 LAUNCHERS = {
     "mpich": ("PMI_RANK", "PMI_SIZE", ("PALS_LOCAL_RANKID", "PMI_LOCAL_RANK", "MPI_LOCALRANKID"),
@@ -212,9 +214,9 @@ def resolve_device(name: str | None) -> torch.device:
     try:
         device = torch.device(name)
     except RuntimeError as err:
-        raise ValueError(f"--device: {err}") from None
+        raise OptionError(f"--device: {err}") from None
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"--device {name}: CUDA is not available")
+        raise OptionError(f"--device {name}: CUDA is not available")
     return device
 
 
