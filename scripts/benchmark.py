@@ -260,7 +260,7 @@ class Trainer:
     accelerator: Accelerator
     config: DPOConfig
     model: torch.nn.Module
-    reference: ProteinMPNN | None
+    reference: torch.nn.Module | None  # with --use_peft, the policy with its adapters off
     optimizer: torch.optim.Optimizer
 
 
@@ -270,9 +270,8 @@ def build(config: DPOConfig) -> tuple[Trainer, str]:
     accelerator, setup = build_accelerator(config)
     set_seed(config.seed)
     model, reference = load_models(config, accelerator.device)
-    optimizer = torch.optim.AdamW(
-        model.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay
-    )
+    trained = [p for p in model.parameters() if p.requires_grad]  # with --use_peft, the adapters
+    optimizer = torch.optim.AdamW(trained, lr=config.learning_rate, weight_decay=config.weight_decay)
     model, optimizer = accelerator.prepare(model, optimizer)
     model.train()
     return Trainer(accelerator, config, model, reference, optimizer), setup

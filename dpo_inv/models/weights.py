@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from dpo_inv.errors import OptionError
 from dpo_inv.models.adapters import adapter_base, is_adapter, load_adapter, merge
 from dpo_inv.models.features import MembraneFeatures
 from dpo_inv.models.mpnn import ProteinMPNN, ProteinMPNNConfig
@@ -102,15 +103,15 @@ def _read_official(path: Path, name: str) -> tuple[ProteinMPNNConfig, dict[str, 
     try:
         checkpoint = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:
-        raise ValueError(
+        raise OptionError(
             f"cannot read {name!r} as an official ProteinMPNN checkpoint ({type(err).__name__})"
         ) from err
     if not isinstance(checkpoint, dict) or "model_state_dict" not in checkpoint:
-        raise ValueError(f"{name!r} is not an official ProteinMPNN checkpoint (no 'model_state_dict')")
+        raise OptionError(f"{name!r} is not an official ProteinMPNN checkpoint (no 'model_state_dict')")
     state = checkpoint["model_state_dict"]
     kind = checkpoint_kind(state)
     if kind not in LOADABLE_KINDS:
-        raise ValueError(
+        raise OptionError(
             f"{name!r} is {kind}; dpo_inv loads ProteinMPNN (full-backbone, CA-only, membrane-label) and "
             "LigandMPNN checkpoints"
         )
@@ -146,7 +147,7 @@ def _resolve(name_or_path: str | os.PathLike) -> tuple[str, Path]:
         packaged = _packaged_path(family, version) if family in MODEL_FAMILIES else None
         if packaged is None or not packaged.is_file():
             available = ", ".join(available_checkpoints())
-            raise ValueError(f"no packaged checkpoint {name!r}; available: {available}")
+            raise OptionError(f"no packaged checkpoint {name!r}; available: {available}")
         return name, packaged
     raise FileNotFoundError(f"cannot load ProteinMPNN from {name!r}: expected {_ACCEPTED_FORMS}")
 
@@ -174,7 +175,7 @@ def parse_options(
     if not config.ligand_mpnn_family:
         if ligand_exclude or not ligand_context:
             option = "ligand_exclude" if ligand_exclude else "ligand_context false"
-            raise ValueError(
+            raise OptionError(
                 f"{option} is a LigandMPNN option, but the model is a ProteinMPNN model, which sees no "
                 "ligand: drop the option or choose a LigandMPNN model (ligand/v_32_010_25)"
             )
@@ -193,7 +194,7 @@ def shared_parse_options(
     alike; `names` name the two in the error."""
     options = parse_options(model, ligand_context, ligand_exclude)
     if reference is not None and parse_options(reference, ligand_context, ligand_exclude) != options:
-        raise ValueError(
+        raise OptionError(
             f"{names[0]} and {names[1]} read structures differently (one is a LigandMPNN-family model, the "
             "other ProteinMPNN); give a reference of the same family"
         )

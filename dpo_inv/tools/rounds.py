@@ -302,7 +302,7 @@ def prepare_output(accelerator: Accelerator, config: RoundsConfig) -> list[dict]
     return lines[:done]
 
 
-def round_reference(accelerator: Accelerator, config: RoundsConfig, base: ProteinMPNN | None, k: int):
+def round_reference(accelerator: Accelerator, config: RoundsConfig, base: torch.nn.Module | None, k: int):
     """The reference of round k: the starting model's, or (reference_per_round: previous) the model the
     round starts from, frozen."""
     if config.reference_per_round == "base" or k == 0 or base is None:

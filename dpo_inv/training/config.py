@@ -8,6 +8,7 @@ from typing import Literal
 
 from accelerate.utils import LoggerType
 
+from dpo_inv.errors import OptionError
 from dpo_inv.models.adapters import DEFAULT_TARGETS
 from dpo_inv.models.options import check_signs
 from dpo_inv.models.weights import LIGAND_CONTEXT_HELP, LIGAND_EXCLUDE_HELP
@@ -360,11 +361,11 @@ class DPOConfig:
         trackers = ("none", *(t.value for t in LoggerType))
         unknown = [name for name in self.report_to if name not in trackers]
         if unknown:
-            raise ValueError(f"report_to {unknown} unknown; choose from {', '.join(trackers)}")
+            raise OptionError(f"report_to {unknown} unknown; choose from {', '.join(trackers)}")
         missing = [name for name in self.report_to if name in TRACKER_PACKAGES and not find_spec(name)]
         if missing:
             packages = " ".join(TRACKER_PACKAGES[name] for name in missing)
-            raise ValueError(
+            raise OptionError(
                 f"report_to {', '.join(missing)}: not installed; pip install {packages} (the trackers "
                 "extra has tensorboard and wandb: pip install 'dpo_inv[trackers]')"
             )
@@ -387,20 +388,20 @@ class DPOConfig:
                   ("lora_dropout", 0 <= self.lora_dropout < 1, "in [0, 1)"))  # fmt: skip
         for name, ok, rule in limits:
             if not ok:
-                raise ValueError(f"{name} must be {rule}, got {getattr(self, name)}")
+                raise OptionError(f"{name} must be {rule}, got {getattr(self, name)}")
         if self.max_steps == 0 or self.max_steps < -1:
-            raise ValueError(f"max_steps must be > 0, or -1 (train num_train_epochs), got {self.max_steps}")
+            raise OptionError(f"max_steps must be > 0, or -1 (train num_train_epochs), got {self.max_steps}")
         self.check_losses()
         if self.decoding_order not in ("random", "left_to_right"):
-            raise ValueError("decoding_order must be random or left_to_right")
+            raise OptionError("decoding_order must be random or left_to_right")
         if self.reference_free and self.precompute_ref_log_probs:
-            raise ValueError("reference_free and precompute_ref_log_probs exclude each other")
+            raise OptionError("reference_free and precompute_ref_log_probs exclude each other")
         if self.recovery_tolerance is not None and not (self.eval_variants_file and self.eval_on_start):
-            raise ValueError(
+            raise OptionError(
                 "recovery_tolerance needs eval_variants_file and eval_on_start (the start's recovery)"
             )
         if self.save_total_limit is not None and self.save_total_limit < 1:
-            raise ValueError("save_total_limit must be at least 1 (or None: keep all)")
+            raise OptionError("save_total_limit must be at least 1 (or None: keep all)")
 
         self.resolve_metric_for_best_model()
 
@@ -422,46 +423,46 @@ class DPOConfig:
         known = LOSS_TYPES + kto.UNPAIRED_LOSS_TYPES
         bad = [t for t in self.loss_type if t not in known]
         if bad:
-            raise ValueError(f"loss_type {bad} unknown; choose from {', '.join(known)}")
+            raise OptionError(f"loss_type {bad} unknown; choose from {', '.join(known)}")
         if self.loss_weights is None:
             self.loss_weights = [1.0] * len(self.loss_type)
         if len(self.loss_weights) != len(self.loss_type):
-            raise ValueError("loss_weights needs one weight per loss_type")
+            raise OptionError("loss_weights needs one weight per loss_type")
         if not any(self.loss_weights) or not (self.desirable_weight or self.undesirable_weight):
-            raise ValueError("the loss weights are all 0: nothing would be trained")
+            raise OptionError("the loss weights are all 0: nothing would be trained")
         if self.rpo_alpha is not None:
             if "sft" in self.loss_type:
-                raise ValueError("give rpo_alpha or an sft loss_type, not both (rpo_alpha adds sft)")
+                raise OptionError("give rpo_alpha or an sft loss_type, not both (rpo_alpha adds sft)")
             self.loss_type, self.loss_weights = [*self.loss_type, "sft"], [*self.loss_weights, self.rpo_alpha]
             self.rpo_alpha = None
         if any(t in kto.UNPAIRED_LOSS_TYPES for t in self.loss_type):
             if len(self.loss_type) > 1:
-                raise ValueError(
+                raise OptionError(
                     f"loss_type {self.loss_type[0]} trains on labelled sequences and stands alone"
                 )
             if self.reference_free or self.precompute_ref_log_probs:
-                raise ValueError(
+                raise OptionError(
                     f"loss_type {self.loss_type[0]} needs the reference model during training (its KL term): "
                     "drop reference_free and precompute_ref_log_probs"
                 )
         if "residpo" in self.loss_type and self.precompute_ref_log_probs:
-            raise ValueError(
+            raise OptionError(
                 "loss_type residpo needs per-position reference log-probs: drop precompute_ref_log_probs"
             )
         if self.record_kind == "structures" and (self.reference_free or self.precompute_ref_log_probs):
-            raise ValueError(
+            raise OptionError(
                 "loss_type sft alone trains on structure records without a reference model: drop "
                 "reference_free and precompute_ref_log_probs"
             )
         if self.anchor_weight and (
             self.record_kind != "pairs" or self.reference_free or self.precompute_ref_log_probs
         ):
-            raise ValueError(
+            raise OptionError(
                 "anchor_weight needs pairs and the reference model's distributions during training: drop "
                 "reference_free and precompute_ref_log_probs"
             )
         if self.residue_constraint_weight and "residpo" not in self.loss_type:
-            raise ValueError("residue_constraint_weight belongs to loss_type residpo")
+            raise OptionError("residue_constraint_weight belongs to loss_type residpo")
 
     def resolve_metric_for_best_model(self) -> None:
         """Fill in the defaults of metric_for_best_model and greater_is_better (Transformers' rules) and
@@ -476,12 +477,14 @@ class DPOConfig:
             self.greater_is_better = not self.metric_for_best_model.endswith("loss")
         metric = self.metric_for_best_model
         if metric in VARIANT_METRICS and not self.eval_variants_file:
-            raise ValueError(f"metric_for_best_model {metric} needs an eval_variants_file")
+            raise OptionError(f"metric_for_best_model {metric} needs an eval_variants_file")
         if metric in PAIR_METRICS and not has_pairs and self.eval_variants_file:
-            raise ValueError(f"metric_for_best_model {metric} needs eval pairs (eval_file or eval_split > 0)")
+            raise OptionError(
+                f"metric_for_best_model {metric} needs eval pairs (eval_file or eval_split > 0)"
+            )
         known = PAIR_METRICS + VARIANT_METRICS
         if metric not in known:
-            raise ValueError(f"metric_for_best_model {metric} unknown; choose from {', '.join(known)}")
+            raise OptionError(f"metric_for_best_model {metric} unknown; choose from {', '.join(known)}")
 
     def to_dict(self) -> dict:
         return asdict(self)

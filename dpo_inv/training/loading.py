@@ -27,6 +27,7 @@ from dpo_inv.data.dataset import (
 from dpo_inv.data.featurized import context_counts
 from dpo_inv.data.progress import progress
 from dpo_inv.data.records import Data, DataError, data_name, read_records, write_jsonl
+from dpo_inv.errors import BadInput
 from dpo_inv.models.mpnn import ProteinMPNN
 from dpo_inv.models.variants import LabelledVariants, variant_labels
 from dpo_inv.models.weights import model_parse_options
@@ -101,7 +102,8 @@ def load_data(
         variants and (variants.data.files, variants.labels),
     )
     if failure is not None:
-        outcome = EXIT_BAD_INPUT if isinstance(failure, DataError) else 1
+        bad_path = isinstance(failure, OSError) and failure.filename is not None
+        outcome = EXIT_BAD_INPUT if isinstance(failure, BadInput) or bad_path else 1
     (outcome,) = broadcast_object_list([outcome])
     if failure is not None:
         raise failure
