@@ -286,3 +286,57 @@ def test_kto_residpo_and_sft_train_adapters(tmp_path, train_file, options):
     )
     assert (output / "final" / "adapter_model.safetensors").is_file()
     assert all(torch.isfinite(torch.tensor(m["loss"])) for m in metrics(output) if "loss" in m)
+
+
+@pytest.mark.slow
+def test_adapt_trains_an_adapter_on_the_head_whose_ridge_scores_through_the_folder(tmp_path):
+    output = tmp_path / "adapt"
+    result = dpo_inv(
+        tmp_path,
+        "adapt",
+        str(EXAMPLE / "adapt" / "labelled.jsonl"),
+        "--output_dir",
+        str(output),
+        "--use_peft",
+        "true",
+        "--lora_r",
+        "8",
+        "--lora_alpha",
+        "16",
+        "--max_steps",
+        "20",
+        "50",
+    )
+    assert result.returncode == 0, result.stderr
+    adapter = load_file(output / "final" / "adapter_model.safetensors")
+    assert {name.split(".lora_")[0] for name in adapter} == {
+        f"base_model.model.decoder_layers.2.{m}" for m in ("W1", "W2", "W3", "dense.W_in", "dense.W_out")
+    } | {"base_model.model.W_out"}
+    report = json.loads((output / "adapt.json").read_text())
+    assert report["cv_spearman_adapted"] > report["cv_spearman_start"]
+    scored = dpo_inv(
+        tmp_path,
+        "score",
+        "--model",
+        str(output / "final"),
+        "--data",
+        str(EXAMPLE / "adapt" / "candidates.jsonl"),
+        "--output",
+        str(tmp_path / "c.jsonl"),
+        "--ridge",
+        str(output / "augmented_ridge.json"),
+    )
+    assert scored.returncode == 0, scored.stderr
+    assert json.loads(scored.stdout)["spearman_of"] == "predicted_label"
+    below = dpo_inv(
+        tmp_path,
+        "adapt",
+        str(EXAMPLE / "adapt" / "labelled.jsonl"),
+        "--output_dir",
+        str(tmp_path / "below"),
+        "--use_peft",
+        "true",
+        "--lora_target_modules",
+        "W2",
+    )
+    assert below.returncode == 2 and "adapt trains the last decoder layer and the output head" in below.stderr

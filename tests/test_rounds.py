@@ -286,8 +286,7 @@ def test_lora_rounds_train_one_adapter_on_and_resume_to_the_same_adapter(tmp_pat
     straight, resumed, reward = tmp_path / "straight", tmp_path / "resumed", reward_file(tmp_path)
     args = ("--targets_file", str(targets(tmp_path)), "--reward", f"{reward}:hydrophilic", "--num_rounds",
             "2", *QUICK, "--use_peft", "true", "--lora_r", "4", "--learning_rate", "3e-3")  # fmt: skip
-    result = rounds(tmp_path, *args, "--output_dir", str(straight))
-    assert "reference the base model, adapters off" in result.stdout
+    rounds(tmp_path, *args, "--output_dir", str(straight))
     adapters = [load_file(straight / f"round-{k}" / "final" / "adapter_model.safetensors") for k in (0, 1)]
     assert all(name.startswith("base_model.model.") for name in adapters[0])
     assert any(not torch.equal(adapters[0][name], adapters[1][name]) for name in adapters[0])

@@ -9,6 +9,7 @@ import os
 import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -26,6 +27,56 @@ BASE_FILE = "base_model.json"  # the base's weights, summarised: an adapter is r
 # the linear maps of every message-passing layer (encoder, decoder, LigandMPNN's context layers) and the
 # output head
 DEFAULT_TARGETS = ("W1", "W2", "W3", "W11", "W12", "W13", "W_in", "W_out")
+
+
+@dataclass(kw_only=True)
+class LoraOptions:
+    """LoRA adapters, with the names of TRL's ModelConfig: what training, rounds and adapt take."""
+
+    use_peft: bool = field(
+        default=False,
+        metadata={
+            "help": "Train a LoRA adapter (peft) instead of every weight; the reference is then the base "
+            "model with the adapter switched off, no second copy. The saved models are adapter folders, "
+            "which every command takes as a model; `python -m dpo_inv merge` writes the full model. With "
+            "model_name_or_path an adapter folder, that adapter trains on."
+        },
+    )
+    lora_r: int = field(default=16, metadata={"help": "LoRA rank."})
+    lora_alpha: int = field(default=32, metadata={"help": "LoRA scale: the update is scaled by alpha/r."})
+    lora_dropout: float = field(
+        default=0.05,
+        metadata={
+            "help": "Dropout on the adapters' inputs; none where the policy's dropout is disabled "
+            "(disable_dropout, as TRL disables every dropout), nor on the maps the layers apply in blocks "
+            "(W1, W3)."
+        },
+    )
+    lora_target_modules: list[str] | None = field(
+        default=None,
+        metadata={
+            "help": "The linear maps that get adapters, by name or its last part; default: "
+            f"{' '.join(DEFAULT_TARGETS)} (every message-passing layer's maps and the output head; for "
+            "adapt, the maps of the layers it trains)."
+        },
+    )
+    lora_modules_to_save: list[str] | None = field(
+        default=None,
+        metadata={"help": "Modules trained in full beside the adapters; saved with the adapter."},
+    )
+
+    def check_lora(self) -> None:
+        """Refuse a rank or scale that is not positive, or a dropout outside [0, 1)."""
+        for name in ("lora_r", "lora_alpha"):
+            if getattr(self, name) <= 0:
+                raise OptionError(f"{name} must be > 0, got {getattr(self, name)}")
+        if not 0 <= self.lora_dropout < 1:
+            raise OptionError(f"lora_dropout must be in [0, 1), got {self.lora_dropout}")
+
+    def adapter(self, model: ProteinMPNN, targets: Sequence[str] | str | None = None) -> PeftModel:
+        """`model` with a new adapter of these settings (on `targets` where lora_target_modules is unset)."""
+        return add_adapter(model, self.lora_r, self.lora_alpha, self.lora_dropout,
+                           self.lora_target_modules or targets, self.lora_modules_to_save)  # fmt: skip
 
 
 @contextmanager
@@ -84,18 +135,22 @@ def add_adapter(
     r: int,
     alpha: float,
     dropout: float,
-    targets: Sequence[str] | None = None,
+    targets: Sequence[str] | str | None = None,
     modules_to_save: Sequence[str] | None = None,
 ) -> PeftModel:
-    """`model` with a new LoRA adapter (rank r, scale alpha/r) on `targets` (default: `DEFAULT_TARGETS`);
-    the base weights frozen, `modules_to_save` trained in full beside it."""
+    """`model` with a new LoRA adapter (rank r, scale alpha/r) on `targets`: names or their last parts, or
+    a regular expression that whole names match (default: `DEFAULT_TARGETS`); the base weights frozen,
+    `modules_to_save` trained in full beside it."""
     name = model.config.name_or_path
     base = str(Path(name).resolve()) if Path(name).exists() else name  # loads from any working directory
+    targets = targets or DEFAULT_TARGETS
     config = LoraConfig(
         r=r,
         lora_alpha=alpha,
         lora_dropout=dropout,
-        target_modules=module_names(model, targets or DEFAULT_TARGETS, "lora_target_modules", nn.Linear),
+        target_modules=targets
+        if isinstance(targets, str)
+        else module_names(model, targets, "lora_target_modules", nn.Linear),
         modules_to_save=module_names(model, modules_to_save or (), "lora_modules_to_save") or None,
         base_model_name_or_path=base,
     )

@@ -12,6 +12,7 @@ takes seconds to minutes on a CPU.
 from __future__ import annotations
 
 import copy
+import re
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -22,12 +23,14 @@ import numpy as np
 import torch
 from accelerate import PartialState
 from accelerate.utils import gather_object
+from peft import PeftModel
 
 from dpo_inv.data.batches import ExampleDataset, collate, structure_inputs
 from dpo_inv.data.dataset import VARIANTS, RecordSet, load_records
 from dpo_inv.data.proteingym import StructureOptions
 from dpo_inv.data.records import Data, DataError, write_json
 from dpo_inv.errors import OptionError
+from dpo_inv.models.adapters import LoraOptions, save_adapter
 from dpo_inv.models.combinations import MAX_ORDERS, Slots, base_order, joint_plan, joint_slots, slot_head
 from dpo_inv.models.mpnn import ProteinMPNN
 from dpo_inv.models.options import ModelOptions
@@ -84,7 +87,7 @@ class AdaptFiles:
 
 
 @dataclass(kw_only=True)
-class AdaptOptions(StructureOptions, ModelOptions):
+class AdaptOptions(StructureOptions, ModelOptions, LoraOptions):
     """How a model is adapted: the options of `adapt` in Python, and the command's besides its files."""
 
     output_dir: str = field(default="outputs/adapt", metadata={"help": "Writes final/ and adapt.json."})
@@ -235,6 +238,21 @@ def head_parameters(model: ProteinMPNN) -> list[torch.nn.Parameter]:
     return [*model.decoder_layers[-1].parameters(), *model.W_out.parameters()]
 
 
+def head_adapter(model: ProteinMPNN, config: AdaptOptions) -> PeftModel:
+    """`model` with a LoRA adapter on the maps of the last decoder layer and the output head (or the
+    lora_target_modules given, which must lie there: the layers below are computed once, before training)."""
+    last = f"decoder_layers.{len(model.decoder_layers) - 1}."
+    adapted = config.adapter(model, rf"{re.escape(last)}(W1|W2|W3|dense\.W_in|dense\.W_out)|W_out")
+    names = adapted.targeted_module_names
+    outside = [name for name in names if not name.startswith(last) and name != "W_out"]
+    if outside:
+        raise OptionError(
+            f"lora_target_modules: adapt trains the last decoder layer and the output head, but "
+            f"{', '.join(outside)} lie below them; name maps of {last[:-1]} or W_out"
+        )
+    return adapted
+
+
 def train_head(
     start: ProteinMPNN,
     sets: Sequence[VariantSet],
@@ -247,9 +265,13 @@ def train_head(
     over set k's records) for ``max(checkpoints)`` steps, full batch, AdamW; returns the model and every
     record's `delta_logp` at each checkpoint. Dropout stays off: the model is in eval mode throughout."""
     model = copy.deepcopy(start).eval().requires_grad_(False)
-    parameters = head_parameters(model)
-    for parameter in parameters:
-        parameter.requires_grad_(True)
+    if config.use_peft:
+        model = head_adapter(model, config).eval()
+        parameters = [p for p in model.parameters() if p.requires_grad]
+    else:
+        parameters = head_parameters(model)
+        for parameter in parameters:
+            parameter.requires_grad_(True)
     optimizer = torch.optim.AdamW(parameters, lr=learning_rate, weight_decay=0.0)
     pairs = [training_pairs(s.labels, mask, config.seed) for s, mask in zip(sets, train, strict=True)]
     used = [(s, p) for s, p in zip(sets, pairs, strict=True) if len(p[0])]
@@ -434,6 +456,7 @@ def choose_and_train(model: ProteinMPNN, sets: list[VariantSet], config: AdaptOp
 
 def check_options(config: AdaptOptions) -> None:
     """Options that would train the wrong thing: a `ValueError` names the option and the fix."""
+    config.check_lora()
     if config.num_folds < 2:
         raise OptionError(f"--num_folds {config.num_folds}: cross-validation needs at least 2 folds")
     if not config.learning_rates or min(config.learning_rates) <= 0:
@@ -465,8 +488,13 @@ def adapt_model(model: ProteinMPNN, data: Data, config: AdaptOptions) -> tuple[P
     final = Path(config.output_dir) / "final"
     ridge_file = Path(config.output_dir) / RIDGE_FILE
     if state.is_main_process:
-        result.model.save_pretrained(final)
-        fit_augmented_ridge(result.model, sets, result.out_of_fold, loaded, config).save(ridge_file)
+        if isinstance(result.model, PeftModel):  # the ridge holds for the model the folder loads as
+            save_adapter(result.model, final)
+            scored_by = load_model(final)
+        else:
+            result.model.save_pretrained(final)
+            scored_by = result.model
+        fit_augmented_ridge(scored_by, sets, result.out_of_fold, loaded, config).save(ridge_file)
     structures = []
     for start, adapted, ridge in zip(result.start, result.adapted, result.ridge, strict=True):
         structure = loaded.structures[start["structure_id"]]

@@ -9,7 +9,7 @@ from typing import Literal
 from accelerate.utils import LoggerType
 
 from dpo_inv.errors import OptionError
-from dpo_inv.models.adapters import DEFAULT_TARGETS
+from dpo_inv.models.adapters import LoraOptions
 from dpo_inv.models.options import check_signs
 from dpo_inv.models.weights import LIGAND_CONTEXT_HELP, LIGAND_EXCLUDE_HELP
 from dpo_inv.training import kto, sft
@@ -43,7 +43,7 @@ def field_help(text: str, **kwargs) -> dict:
 
 
 @dataclass
-class DPOConfig:
+class DPOConfig(LoraOptions):
     """Everything a DPO run needs. Names follow TRL's `DPOConfig` where TRL has the concept."""
 
     # model
@@ -71,37 +71,6 @@ class DPOConfig:
             "Gaussian noise (Å) added to backbone coordinates of the policy in training; default: 0, but "
             "with loss_type sft the noise the model was trained with (0.20 for v_48_020)."
         ),
-    )
-    # adapters (TRL's ModelConfig names)
-    use_peft: bool = field(
-        default=False,
-        **field_help(
-            "Train a LoRA adapter (peft) instead of every weight; the reference is then the base model with "
-            "the adapter switched off, no second copy. The saved models are adapter folders, which every "
-            "command takes as a model; `python -m dpo_inv merge` writes the full model. With "
-            "model_name_or_path an adapter folder, that adapter trains on."
-        ),
-    )
-    lora_r: int = field(default=16, **field_help("LoRA rank."))
-    lora_alpha: int = field(default=32, **field_help("LoRA scale: the update is scaled by alpha/r."))
-    lora_dropout: float = field(
-        default=0.05,
-        **field_help(
-            "Dropout on the adapters' inputs; none where the policy's dropout is disabled "
-            "(disable_dropout, as TRL disables every dropout), nor on the maps the layers apply in blocks "
-            "(W1, W3)."
-        ),
-    )
-    lora_target_modules: list[str] | None = field(
-        default=None,
-        **field_help(
-            "The linear maps that get adapters, by name or its last part; default: "
-            f"{' '.join(DEFAULT_TARGETS)} (every message-passing layer's maps and the output head)."
-        ),
-    )
-    lora_modules_to_save: list[str] | None = field(
-        default=None,
-        **field_help("Modules trained in full beside the adapters (e.g. W_out); saved with the adapter."),
     )
     ligand_context: bool = field(default=True, **field_help(LIGAND_CONTEXT_HELP))
     ligand_exclude: list[str] = field(default_factory=list, **field_help(LIGAND_EXCLUDE_HELP))
@@ -374,7 +343,7 @@ class DPOConfig:
             positive=("beta", "learning_rate", "num_train_epochs", "per_device_train_batch_size",
                       "per_device_eval_batch_size", "gradient_accumulation_steps", "num_decoding_orders",
                       "logging_steps", "eval_steps", "save_steps", "dataset_num_proc", "ddp_timeout",
-                      "max_consecutive_nonfinite", "lora_r", "lora_alpha"),
+                      "max_consecutive_nonfinite"),
             non_negative=("backbone_noise", "label_smoothing_factor", "eval_split", "weight_decay",
                           "warmup_ratio", "warmup_steps", "max_grad_norm", "label_smoothing",
                           "rpo_alpha", "residue_margin",
@@ -384,13 +353,13 @@ class DPOConfig:
         )  # fmt: skip
         limits = (("eval_split", self.eval_split < 1, "< 1"),
                   ("warmup_ratio", self.warmup_ratio <= 1, "<= 1"),
-                  ("label_smoothing", self.label_smoothing < 0.5, "< 0.5"),
-                  ("lora_dropout", 0 <= self.lora_dropout < 1, "in [0, 1)"))  # fmt: skip
+                  ("label_smoothing", self.label_smoothing < 0.5, "< 0.5"))  # fmt: skip
         for name, ok, rule in limits:
             if not ok:
                 raise OptionError(f"{name} must be {rule}, got {getattr(self, name)}")
         if self.max_steps == 0 or self.max_steps < -1:
             raise OptionError(f"max_steps must be > 0, or -1 (train num_train_epochs), got {self.max_steps}")
+        self.check_lora()
         self.check_losses()
         if self.decoding_order not in ("random", "left_to_right"):
             raise OptionError("decoding_order must be random or left_to_right")

@@ -34,7 +34,6 @@ from dpo_inv.data.records import Data, is_file
 from dpo_inv.models.adapters import (
     WithoutAdapters,
     adapter_base,
-    add_adapter,
     is_adapter,
     load_adapter,
     load_adapter_weights,
@@ -126,8 +125,7 @@ def load_policy(config: DPOConfig, name: str | os.PathLike) -> torch.nn.Module:
     if is_adapter(name):
         model = load_adapter(name, load_model(adapter_base(name), **overrides), trainable=True)
     else:
-        lora = (config.lora_r, config.lora_alpha, config.lora_dropout, config.lora_target_modules)
-        model = add_adapter(load_model(name, **overrides), *lora, config.lora_modules_to_save)
+        model = config.adapter(load_model(name, **overrides))
     if overrides.get("dropout") == 0.0:
         for module in model.modules():
             if isinstance(module, torch.nn.Dropout):
