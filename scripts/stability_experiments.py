@@ -2,7 +2,8 @@
 never trained on.
 
     python scripts/stability_experiments.py [--work_dir outputs/stability_experiments] [--only NAME ...]
-        [--seeds 42 1 2]
+        [--seeds 42 1 2] [--data ../shared/stability/train.jsonl]
+    python scripts/stability_experiments.py --average RUN RUN ... [--work_dir ...]
 
 The 77 domains are split by `scripts/split_by_domain.py` (homologues kept together) into 51 for training
 and model choice and 26 held out for the test (seed 1); the 51 again into 40 that train and 11 whose
@@ -13,7 +14,16 @@ estimator on 40 per test domain, which gives the mean log p of the variants too;
 measures the designs `best/` samples on 12 other backbones. `--seeds` repeats each run with those training
 seeds (42, the trainer's default, names the run alone). One JSON line per run is appended to
 `WORK_DIR/results.jsonl`. Each run takes 6-20 minutes on two CPU cores. Runs named `sft_then_...` first
-fine-tune on the training domains' structures (SFT, docs/sft.md) and align that model.
+fine-tune on the training domains' structures (SFT, docs/sft.md) and align that model; runs named `lora_...`
+train LoRA adapters (`--use_peft`) instead of every weight; runs ending `_v_48_0NN` start from that noise
+level's checkpoint instead of vanilla/v_48_020.
+
+The base models (`base`: vanilla/v_48_020; `base_v_48_0NN`: the other noise levels) are measured like a run,
+once per work_dir: `base` before the others when no `--only` is given, any of them when `--only` names it.
+Each run keeps its per-variant scores in `WORK_DIR/runs/RUN/` (`test300_best.jsonl`, ...), so runs may go
+on in parallel processes on one work_dir (prepare the data and the pairs first, in one process).
+`--average RUN ...` measures the ensemble of those runs' `best/` models (or base models): the mean of their
+`delta_logp` per test variant, ranked per test domain, and appends it to results.jsonl as `average(...)`.
 """
 
 from __future__ import annotations
@@ -24,15 +34,33 @@ import random
 import shutil
 import subprocess
 import sys
+import time
 from collections import defaultdict
+from functools import partial
 from pathlib import Path
 
+import numpy as np
+
 from dpo_inv.data.records import rebase_paths, write_jsonl
+from dpo_inv.models.variants import mean_and_median, spearman_by_structure
 
 ROOT = Path(__file__).resolve().parents[1]
 STABILITY = ROOT.parent / "shared" / "stability" / "train.jsonl"
 PY = sys.executable
 
+
+def lora(r: int, lr: str, anchor: float, targets: tuple[str, ...] = ()) -> str:
+    """The trainer options of a lora_... run: 400 steps, a LoRA adapter of rank r (alpha 2r) on `targets`
+    (default: every message-passing layer's linear maps and the output head), learning rate `lr` (replacing
+    TRAINING's), anchor weight `anchor`."""
+    options = f"--max_steps 400 --anchor_weight {anchor} --use_peft true --lora_r {r} --lora_alpha {2 * r} "
+    options += f"--learning_rate {lr}"
+    return options + (" --lora_target_modules " + " ".join(targets) if targets else "")
+
+
+DECODER = tuple(
+    f"decoder_layers.{i}.{m}" for i in range(3) for m in ("W1", "W2", "W3", "dense.W_in", "dense.W_out")
+)
 # name: (pairs, trainer options); pairs: (strategy, min_margin, pairs per domain, extra)
 RUNS = {
     "best_vs_worst_random40": (("best_vs_worst", 1, 40, ""), "--decoding_order random --max_steps 200"),
@@ -55,7 +83,25 @@ RUNS = {
                                              "--max_steps 400 --anchor_weight 0.1"),
     "sft_then_same_position_200_400steps_anchor0.1": (
         ("same_position", 1, 200, ""), "--max_steps 400 --anchor_weight 0.1 --model_name_or_path {sft}"),
+    # the recipe's row on ProteinMPNN's other noise levels (0.02, 0.10, 0.30 Å), to average with v_48_020's
+    **{f"same_position_200_400steps_anchor0.1_{version}": (
+        ("same_position", 1, 200, ""),
+        f"--max_steps 400 --anchor_weight 0.1 --model_name_or_path vanilla/{version}")
+       for version in ("v_48_002", "v_48_010", "v_48_030")},
+    # LoRA adapters instead of every weight (alpha = 2 r; lora_dropout 0.05)
+    "lora_r8_lr5e-4_anchor0.1": (("same_position", 1, 200, ""), lora(8, "5e-4", 0.1)),
+    "lora_r8_lr5e-4_anchor0": (("same_position", 1, 200, ""), lora(8, "5e-4", 0)),
+    "lora_r32_lr5e-4_anchor0.1": (("same_position", 1, 200, ""), lora(32, "5e-4", 0.1)),
+    "lora_r8_lr2e-3_anchor0.1": (("same_position", 1, 200, ""), lora(8, "2e-3", 0.1)),
+    "lora_r8_lr2e-4_anchor0.1": (("same_position", 1, 200, ""), lora(8, "2e-4", 0.1)),
+    "lora_r8_lr1e-4_anchor0.1": (("same_position", 1, 200, ""), lora(8, "1e-4", 0.1)),
+    # the decoder's layers only, the encoder and the output head frozen (a target "W_out" would also take the
+    # encoder layers' dense.W_out: a name matches every module whose name ends with it)
+    "lora_r8_decoder_lr5e-4_anchor0.1": (("same_position", 1, 200, ""), lora(8, "5e-4", 0.1, DECODER)),
 }  # fmt: skip
+# The base models, measured as runs are (a run's gain is over `base`)
+BASES = {"base": "vanilla/v_48_020",
+         **{f"base_{v}": f"vanilla/{v}" for v in ("v_48_002", "v_48_010", "v_48_030")}}  # fmt: skip
 # Supervised fine-tuning on the training domains' structures before DPO (runs whose options name {sft}): the
 # setting of docs/sft.md, the best model by eval_loss on the choosing domains' structures.
 SFT = (
@@ -68,8 +114,20 @@ TRAINING = ("--eval_split 0 --beta 0.1 --learning_rate 5e-5 --per_device_train_b
             "--decoding_order left_to_right --report_to none")  # fmt: skip
 
 
-def run(*args: str) -> str:
-    return subprocess.run([*args], cwd=ROOT, check=True, capture_output=True, text=True).stdout
+def run(*args: str, log: Path | None = None) -> str:
+    """The stdout of a command; its stderr written to `log` as it goes, if given; on failure, its end."""
+    if log is None:
+        done = subprocess.run([*args], cwd=ROOT, capture_output=True, text=True)
+        errors = done.stderr
+    else:
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with open(log, "w") as handle:
+            done = subprocess.run([*args], cwd=ROOT, stdout=subprocess.PIPE, stderr=handle, text=True)
+        errors = log.read_text()
+    if done.returncode != 0:
+        sys.stderr.write(errors[-4000:])
+        raise subprocess.CalledProcessError(done.returncode, args)
+    return done.stdout
 
 
 def subsample(source: Path, target: Path, per_domain: int) -> None:
@@ -82,11 +140,11 @@ def subsample(source: Path, target: Path, per_domain: int) -> None:
     write_jsonl(target, rebase_paths(picked, source.parent, target.parent))
 
 
-def prepare(work: Path) -> None:
+def prepare(work: Path, data: Path = STABILITY) -> None:
     if (work / "dev" / "eval300.jsonl").is_file():
         return
     split = str(ROOT / "scripts" / "split_by_domain.py")
-    run(PY, split, str(STABILITY), "--output_dir", str(work / "split"), "--held_out", "0.33", "--seed", "1")
+    run(PY, split, str(data), "--output_dir", str(work / "split"), "--held_out", "0.33", "--seed", "1")
     run(PY, split, str(work / "split" / "train.jsonl"), "--output_dir", str(work / "dev"),
         "--held_out", "0.2", "--seed", "2")  # fmt: skip
     subsample(work / "split" / "held_out.jsonl", work / "test300.jsonl", 300)
@@ -136,8 +194,10 @@ def sft(work: Path, seed: int) -> Path:
     return output / "best"
 
 
-def score(work: Path, model: Path, data: str, *options: str) -> tuple[dict, list[dict]]:
-    output = work / "scores.jsonl"
+def score(work: Path, model: str, data: str, output: Path, *options: str) -> tuple[dict, list[dict]]:
+    """Score `work/data` with `model` into `output` (one file per run and data, so that runs can go on in
+    parallel); the summary and the scored rows."""
+    output.parent.mkdir(parents=True, exist_ok=True)
     summary = json.loads(run(PY, "-m", "dpo_inv", "score", "--model", str(model), "--data", str(work / data),
                              "--output", str(output), *options).splitlines()[-1])  # fmt: skip
     return summary, [json.loads(line) for line in output.read_text().splitlines()]
@@ -148,24 +208,78 @@ def design(model: str) -> dict:
     return json.loads(run(PY, script, model).splitlines()[-1])
 
 
+def keep(path: Path, result: dict, seconds: dict, started: float, what: str, **values: object) -> None:
+    """Add `values` to a run's `result` and the time `what` took to `seconds`, and write both to `path`: each
+    measurement is kept as soon as it is made."""
+    result.update(values)
+    seconds[what] = round(time.monotonic() - started) - sum(seconds.values())
+    write_jsonl(path, [{**result, "seconds": seconds}])
+
+
+def average(work: Path, names: list[str]) -> dict:
+    """The ensemble of runs (their `best/` models' scores on the test variants): the mean of the runs'
+    `delta_logp` per variant, its mean per-domain Spearman, and each run's own."""
+    files = [work / "runs" / name / "test300_best.jsonl" for name in names]
+    scored = [[json.loads(line) for line in file.read_text().splitlines()] for file in files]
+    keys = [[(r["pdb_file"], r["sequence"]) for r in rows] for rows in scored]
+    if any(k != keys[0] for k in keys):
+        raise SystemExit(f"--average: {', '.join(names)} scored different test variants")
+    domains = np.array([r["pdb_file"] for r in scored[0]])
+    labels = np.array([float(r["label"]) for r in scored[0]])
+
+    def per_domain_mean(values: np.ndarray) -> float:
+        return round(mean_and_median(spearman_by_structure(values, labels, domains))[0], 4)
+
+    deltas = np.array([[r["delta_logp"] for r in rows] for rows in scored], dtype=np.float64)
+    return {"run": f"average({','.join(names)})", "members": names,
+            "members_test_best": [per_domain_mean(d) for d in deltas],
+            "test_best": per_domain_mean(deltas.mean(0)),
+            "variants": len(labels), "domains": len(set(domains.tolist()))}  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--work_dir", type=Path, default=ROOT / "outputs" / "stability_experiments")
-    parser.add_argument("--only", nargs="*", choices=list(RUNS), default=list(RUNS))
+    parser.add_argument("--only", nargs="*", choices=list(BASES) + list(RUNS))
     parser.add_argument("--seeds", nargs="+", type=int, default=[42])
+    parser.add_argument("--data", type=Path, default=STABILITY, help="The stability data (prepare).")
+    parser.add_argument(
+        "--extra_options",
+        default="",
+        help="Trainer options appended to every run's (e.g. '--max_steps 20' for a trial).",
+    )
+    parser.add_argument(
+        "--no_full_sequence",
+        action="store_true",
+        help="Leave out the full-sequence estimator on test40 (and the mean log p).",
+    )
+    parser.add_argument("--pairs_only", action="store_true", help="Prepare the data and the pairs, no run.")
+    parser.add_argument("--average", nargs="+", metavar="RUN", help="Measure the ensemble of these runs.")
     args = parser.parse_args()
     work = args.work_dir.resolve()
-    prepare(work)
+    prepare(work, args.data)
     results = work / "results.jsonl"
+    if args.average:
+        result = average(work, args.average)
+        with open(results, "a") as handle:
+            handle.write(json.dumps(result) + "\n")
+        print(json.dumps(result), flush=True)
+        return
+    only = args.only if args.only is not None else ["base", *RUNS]
+    if args.pairs_only:
+        for pairs in sorted({RUNS[name][0] for name in only if name in RUNS}):
+            print(build_pairs(work, *pairs), flush=True)
+        return
     done = [json.loads(line)["run"] for line in results.read_text().splitlines()] if results.is_file() else []
-    base = [] if "base" in done else [("base", 42)]  # the base model is measured once per work_dir
-    for name, seed in base + [(name, seed) for seed in args.seeds for name in args.only]:
+    bases = [(name, 42) for name in only if name in BASES and name not in done]  # once per work_dir
+    for name, seed in bases + [(name, seed) for seed in args.seeds for name in only if name in RUNS]:
         label = name if seed == 42 else f"{name}_seed{seed}"
         output = work / "runs" / label
-        if name == "base":
-            models = {"best": "vanilla/v_48_020", "final": "vanilla/v_48_020"}
+        started = time.monotonic()
+        if name in BASES:
+            models = {"best": BASES[name], "final": BASES[name]}
             evals = []
         else:
             pairs, options = RUNS[name]
@@ -174,21 +288,36 @@ def main() -> None:
                 options = options.format(sft=sft(work, seed))
             run(PY, "-m", "dpo_inv.run", "--train_file", str(train_file), "--eval_variants_file",
                 str(work / "dev" / "eval300.jsonl"), "--output_dir", str(output), *TRAINING.split(),
-                *options.split(), "--seed", str(seed))  # fmt: skip
+                *options.split(), *args.extra_options.split(), "--seed", str(seed),
+                log=work / "runs" / f"{label}.log")  # fmt: skip
             models = {"best": str(output / "best"), "final": str(output / "final")}
             metrics = [json.loads(line) for line in (output / "metrics.jsonl").read_text().splitlines()]
             evals = [(m["step"], round(m["eval_spearman"], 4)) for m in metrics if "eval_spearman" in m]
         result = {"run": label, "seed": seed, "dev_eval_spearman": evals}
-        for which, model in models.items():
-            summary, _ = score(work, model, "test300.jsonl", "--decoding_order", "left_to_right")
-            result[f"test_{which}"] = summary["spearman_per_structure_mean"]
-        summary, rows = score(work, models["final"], "test40.jsonl", "--variant_scoring", "full",
-                              "--decoding_order", "left_to_right")  # fmt: skip
-        result["test_final_full_sequence"] = summary["spearman_per_structure_mean"]
-        result["mean_logp_final"] = round(sum(r["logp"] for r in rows) / len(rows), 1)
+        seconds = {"train": round(time.monotonic() - started)}
+        kept = partial(keep, output / "result.jsonl", result, seconds, started)
+        summary, _ = score(work, models["best"], "test300.jsonl", output / "test300_best.jsonl",
+                           "--decoding_order", "left_to_right")  # fmt: skip
+        kept("test_best", test_best=summary["spearman_per_structure_mean"])
         ability = design(models["best"])
-        result["design_recovery_best"] = ability["recovery"]
-        result["design_log_likelihood_best"] = ability["log_likelihood"]
+        kept(
+            "design",
+            design_recovery_best=ability["recovery"],
+            design_log_likelihood_best=ability["log_likelihood"],
+        )
+        if models["final"] == models["best"]:  # a base model: scored once
+            shutil.copyfile(output / "test300_best.jsonl", output / "test300_final.jsonl")
+        else:
+            summary, _ = score(work, models["final"], "test300.jsonl", output / "test300_final.jsonl",
+                               "--decoding_order", "left_to_right")  # fmt: skip
+        kept("test_final", test_final=summary["spearman_per_structure_mean"])
+        if not args.no_full_sequence:
+            summary, rows = score(work, models["final"], "test40.jsonl", output / "test40_final_full.jsonl",
+                                  "--variant_scoring", "full",
+                                  "--decoding_order", "left_to_right")  # fmt: skip
+            kept("test_full_sequence", test_final_full_sequence=summary["spearman_per_structure_mean"],
+                 mean_logp_final=round(sum(r["logp"] for r in rows) / len(rows), 1))  # fmt: skip
+        result["seconds"] = seconds
         with open(results, "a") as handle:
             handle.write(json.dumps(result) + "\n")
         print(json.dumps(result), flush=True)
