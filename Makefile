@@ -9,7 +9,7 @@ TORCH ?= torch==2.13.0
 STABILITY ?= ../shared/stability/train.jsonl
 STABILITY_DIR := outputs/stability
 
-.PHONY: setup example ligand-example kto-example residpo-example rounds-example sft-example stability adapt-example \
+.PHONY: setup example ligand-example kto-example lora-example residpo-example rounds-example sft-example stability adapt-example \
 	test test-fast lint clean
 
 setup: $(VENV)/.installed
@@ -42,6 +42,12 @@ kto-example: setup
 	$(PY) -m dpo_inv.run --config configs/kto_example.yaml --mixed_precision $(EXAMPLE_PRECISION)
 	$(PY) -m dpo_inv score --data data/pairs/val.jsonl --model outputs/kto_example/final \
 		--reference vanilla/v_48_020 --output outputs/kto_example/val_scored.jsonl
+
+# the main job with a LoRA adapter; final/ is the adapter folder, which score takes as a model
+lora-example: setup
+	$(PY) -m dpo_inv.run --config configs/lora_example.yaml --mixed_precision $(EXAMPLE_PRECISION)
+	$(PY) -m dpo_inv score --data data/pairs/val.jsonl --model outputs/lora_example/final \
+		--reference vanilla/v_48_020 --output outputs/lora_example/val_scored.jsonl
 
 residpo-example: setup
 	for split in train val; do $(PY) -m dpo_inv pairs data/scores/$$split.jsonl \

@@ -437,6 +437,8 @@ def main() -> None:
         "mixed_precision": config.mixed_precision,
         "torch_compile": config.torch_compile,
         "precompute_ref_log_probs": config.precompute_ref_log_probs,
+        "use_peft": config.use_peft,
+        "trainable_parameters": sum(p.numel() for p in trainer.model.parameters() if p.requires_grad),
         "num_decoding_orders": config.num_decoding_orders,
         "dataloader_num_workers": config.dataloader_num_workers,
         "pin_memory": accelerator.device.type == "cuda",

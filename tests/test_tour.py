@@ -57,6 +57,8 @@ SKIPPED = {
     ("docs/campaigns.md", "for scan in"): "simulated campaigns on 12 scans: an hour",
     ("docs/campaigns.md", "python scripts/campaign_benchmark.py --scan"): "simulated campaigns: an hour",
     ("docs/campaigns.md", "done"): "simulated campaigns on 12 scans: an hour",
+    ("docs/training.md", "python -m dpo_inv.run --config configs/lora_example"): "make lora-example ran it",
+    ("docs/training.md", "python -m dpo_inv score --model outputs/lora_example"): "make lora-example ran it",
     ("docs/sft.md", "python -m dpo_inv.run --loss_type sft"): "200 steps, 10 minutes; sft-example runs 60",
     ("docs/sft.md", "python -m dpo_inv.run --model_name_or_path outputs/sft/final"): "needs the line above",
     ("docs/stability.md", "python scripts/split_by_domain.py"): "make stability's steps (12 minutes)",
