@@ -161,6 +161,15 @@ def add_adapter(
     return adapted
 
 
+def without_adapter_dropout(adapted: PeftModel) -> None:
+    """No dropout on the adapters' inputs: the identity, as peft builds it for lora_dropout 0 (dropout of
+    p = 0 would still copy every input it keeps for the backward pass)."""
+    for module in adapted.modules():
+        if hasattr(module, "lora_dropout"):
+            for name in module.lora_dropout:
+                module.lora_dropout[name] = nn.Identity()
+
+
 def trainable_parameters(adapted: PeftModel) -> str:
     """What an adapter trains, for the log: its rank, targets and parameter counts."""
     config = adapted.peft_config["default"]

@@ -28,6 +28,14 @@ class DecoderStates:
     mask_bw: Tensor  # [B, L, K, N]: 1 where position i sees the token of neighbour j
 
 
+def linear(W: nn.Module, x: Tensor) -> Tensor:
+    """``W(x)``; with LoRA adapters on ``W`` and no dropout on their inputs, as one map of the merged weight,
+    which keeps no activation of its own for the backward pass (peft's two-branch map keeps copies)."""
+    if hasattr(W, "lora_A") and all(isinstance(d, nn.Identity) for d in W.lora_dropout.values()):
+        return F.linear(x, weight(W), W.bias)
+    return W(x)
+
+
 def weight(linear: nn.Module) -> Tensor:
     """The matrix a linear map applies, for the layers that use it in blocks instead of calling the map:
     its weight, plus the deltas of the active LoRA adapters (peft) where it carries them."""
@@ -113,7 +121,7 @@ class PositionWiseFeedForward(nn.Module):
         self.act = nn.GELU()
 
     def forward(self, h: Tensor) -> Tensor:
-        return self.W_out(self.act(self.W_in(h)))
+        return linear(self.W_out, self.act(linear(self.W_in, h)))
 
 
 class NodeLayer(nn.Module):
@@ -181,7 +189,7 @@ class EncLayer(nn.Module):
     def forward(
         self, h_V: Tensor, h_E: Tensor, E_idx: Tensor, mask_V: Tensor, mask_attend: Tensor
     ) -> tuple[Tensor, Tensor]:
-        hidden = self.act(self.W2(self.act(self._first_linear(self.W1, h_V, h_E, E_idx))))
+        hidden = self.act(linear(self.W2, self.act(self._first_linear(self.W1, h_V, h_E, E_idx))))
         messages = F.linear(
             torch.einsum("blk,blkh->blh", mask_attend.to(hidden.dtype), hidden), weight(self.W3)
         )
@@ -191,7 +199,7 @@ class EncLayer(nn.Module):
         h_V = mask_V.unsqueeze(-1) * h_V
 
         hidden = self.act(self._first_linear(self.W11, h_V, h_E, E_idx))
-        h_message = self.W13(self.act(self.W12(hidden)))
+        h_message = linear(self.W13, self.act(linear(self.W12, hidden)))
         h_E = self.norm3(h_E + self.dropout3(h_message))
         return h_V, h_E
 
@@ -249,7 +257,7 @@ class DecLayer(NodeLayer):
         ``[0, h_E_ij, 0, h_V_enc_j]`` for neighbours not seen); ``mask`` is ``[B, Q, N]`` or ``[B, Q, 1]``.
         """
         pre = pre.add_(F.linear(h_V, weight(self.W1)[:, : h_V.shape[-1]], self.W1.bias).unsqueeze(2))
-        hidden = self.act(self.W2(self.act(pre))).sum(2)
+        hidden = self.act(linear(self.W2, self.act(pre))).sum(2)
         return self._update_nodes(h_V, hidden, pre.shape[2], mask)
 
 
@@ -274,7 +282,7 @@ class ContextLayer(NodeLayer):
             bias = bias + F.linear(edge_projection.bias, W_e)
             W_e = W_e @ weight(edge_projection)
         pre = F.linear(h_E, W_e).add_(F.linear(h_V, W_v, bias).unsqueeze(-2))
-        hidden = self.act(self.W2(self.act(pre)))
+        hidden = self.act(linear(self.W2, self.act(pre)))
         mask = mask_attend.to(hidden.dtype)
         summed = torch.einsum("...m,...mh->...h", mask, hidden)
         return self._update_nodes(h_V, summed, mask.sum(-1, keepdim=True), mask_V)

@@ -28,6 +28,7 @@ from dpo_inv.models.layers import (
     causal_neighbor_mask,
     dropout,
     gather_neighbors,
+    linear,
 )
 
 OFFICIAL_CHECKPOINT_NAME = "proteinmpnn.pt"
@@ -251,7 +252,8 @@ class ProteinMPNN(PreTrainedModel):
     def decode_last(self, enc: Encoding, states: DecoderStates, positions: Tensor | None = None) -> Tensor:
         """The last decoder layer and the output head on ``states`` (see :meth:`decode`)."""
         h_V = self.decoder_layers[-1](states.h_V, states.h_S, enc, states.mask_bw, positions)
-        return F.log_softmax(self.W_out(h_V if positions is not None else h_V.transpose(1, 2)), dim=-1)
+        h_V = h_V if positions is not None else h_V.transpose(1, 2)
+        return F.log_softmax(linear(self.W_out, h_V), dim=-1)
 
     def forward(
         self,

@@ -38,6 +38,7 @@ from dpo_inv.models.adapters import (
     load_adapter,
     load_adapter_weights,
     trainable_parameters,
+    without_adapter_dropout,
 )
 from dpo_inv.models.mpnn import derive_seed
 from dpo_inv.models.weights import load_model
@@ -127,9 +128,7 @@ def load_policy(config: DPOConfig, name: str | os.PathLike) -> torch.nn.Module:
     else:
         model = config.adapter(load_model(name, **overrides))
     if overrides.get("dropout") == 0.0:
-        for module in model.modules():
-            if isinstance(module, torch.nn.Dropout):
-                module.p = 0.0
+        without_adapter_dropout(model)
     return model
 
 
