@@ -33,6 +33,7 @@ API = {  # each name of the API and its module, imported on first use: `import d
     "RoundsConfig": "dpo_inv.tools.rounds",
     "TrainOutput": "dpo_inv.training.trainer",
     "adapt": "dpo_inv.tools.adapt",
+    "load_adapters": "dpo_inv.models.weights",
     "load_model": "dpo_inv.models.weights",
     "make_pairs": "dpo_inv.tools.pairs",
     "propose": "dpo_inv.campaign.propose",
@@ -48,7 +49,7 @@ if TYPE_CHECKING:
     from dpo_inv.campaign.propose import propose
     from dpo_inv.data.records import DataError
     from dpo_inv.models.mpnn import ProteinMPNN
-    from dpo_inv.models.weights import load_model
+    from dpo_inv.models.weights import load_adapters, load_model
     from dpo_inv.tools.adapt import AdaptOutput, adapt
     from dpo_inv.tools.pairs import make_pairs
     from dpo_inv.tools.rounds import RoundsConfig, rounds

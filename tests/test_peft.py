@@ -23,7 +23,7 @@ from dpo_inv.data.dataset import load_records
 from dpo_inv.errors import OptionError
 from dpo_inv.models.adapters import DEFAULT_TARGETS, WithoutAdapters, add_adapter, load_adapter, save_adapter
 from dpo_inv.models.mpnn import ProteinMPNN
-from dpo_inv.models.weights import load_model
+from dpo_inv.models.weights import load_adapters, load_model
 from dpo_inv.training.config import DPOConfig
 from dpo_inv.training.loss import batch_ranks, pair_logps
 from dpo_inv.training.trainer import load_models
@@ -105,7 +105,7 @@ def test_bad_adapter_settings_name_the_fix(tmp_path):
         load_adapter(tmp_path / "adapter", load_model("vanilla/v_48_010"))
 
 
-def dpo_inv(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+def command(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "dpo_inv", *args],
         cwd=ROOT,
@@ -186,7 +186,7 @@ def test_a_lora_run_resumes_exactly_saves_an_adapter_and_merges_for_the_stock_sc
     for key in expected:
         torch.testing.assert_close(actual[key], expected[key], atol=1e-6, rtol=0)
 
-    scored = dpo_inv(
+    scored = command(
         tmp_path,
         "score",
         "--model",
@@ -204,10 +204,10 @@ def test_a_lora_run_resumes_exactly_saves_an_adapter_and_merges_for_the_stock_sc
     assert json.loads(scored.stdout)["mean_margin"] > 0
 
     merged = tmp_path / "merged"
-    result = dpo_inv(tmp_path, "merge", str(final), "--output", str(merged))
+    result = command(tmp_path, "merge", str(final), "--output", str(merged))
     assert result.returncode == 0, result.stderr
     assert f"full model in {merged}" in result.stdout
-    again = dpo_inv(tmp_path, "merge", str(final), "--output", str(merged))
+    again = command(tmp_path, "merge", str(final), "--output", str(merged))
     assert again.returncode == 2 and again.stderr.strip().endswith(
         "exists and is not empty; give a new folder"
     )
@@ -291,7 +291,7 @@ def test_kto_residpo_and_sft_train_adapters(tmp_path, train_file, options):
 @pytest.mark.slow
 def test_adapt_trains_an_adapter_on_the_head_whose_ridge_scores_through_the_folder(tmp_path):
     output = tmp_path / "adapt"
-    result = dpo_inv(
+    result = command(
         tmp_path,
         "adapt",
         str(EXAMPLE / "adapt" / "labelled.jsonl"),
@@ -314,7 +314,7 @@ def test_adapt_trains_an_adapter_on_the_head_whose_ridge_scores_through_the_fold
     } | {"base_model.model.W_out"}
     report = json.loads((output / "adapt.json").read_text())
     assert report["cv_spearman_adapted"] > report["cv_spearman_start"]
-    scored = dpo_inv(
+    scored = command(
         tmp_path,
         "score",
         "--model",
@@ -328,7 +328,7 @@ def test_adapt_trains_an_adapter_on_the_head_whose_ridge_scores_through_the_fold
     )
     assert scored.returncode == 0, scored.stderr
     assert json.loads(scored.stdout)["spearman_of"] == "predicted_label"
-    below = dpo_inv(
+    below = command(
         tmp_path,
         "adapt",
         str(EXAMPLE / "adapt" / "labelled.jsonl"),
@@ -340,3 +340,25 @@ def test_adapt_trains_an_adapter_on_the_head_whose_ridge_scores_through_the_fold
         "W2",
     )
     assert below.returncode == 2 and "adapt trains the last decoder layer and the output head" in below.stderr
+
+
+@pytest.mark.slow
+def test_one_base_carries_an_adapter_per_objective(tmp_path):
+    batch = batch_of(small_pairs(tmp_path, limit=2), tmp_path / "cache", 2)
+    merged = {}
+    for seed, name in enumerate(("stability", "binding")):
+        adapted = add_adapter(load_model("vanilla/v_48_020"), 4, 8, 0.0)
+        torch.manual_seed(seed)
+        for parameter_name, parameter in adapted.named_parameters():
+            if "lora_B" in parameter_name:
+                torch.nn.init.normal_(parameter, std=0.05)
+        save_adapter(adapted, tmp_path / name)
+        merged[name] = logps(load_model(tmp_path / name), batch)
+    both = load_adapters({"stability": tmp_path / "stability", "binding": tmp_path / "binding"})
+    for name in ("stability", "binding"):
+        both.set_adapter(name)
+        torch.testing.assert_close(logps(both, batch), merged[name], atol=1e-4, rtol=1e-5)
+    other = add_adapter(load_model("vanilla/v_48_010"), 4, 8, 0.0)
+    save_adapter(other, tmp_path / "other")
+    with pytest.raises(OptionError, match="trained on different base models .*other on vanilla/v_48_010"):
+        load_adapters({"stability": tmp_path / "stability", "other": tmp_path / "other"})

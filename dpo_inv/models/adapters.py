@@ -100,11 +100,12 @@ def adapter_base(path: str | os.PathLike) -> str:
 def summary(model: nn.Module) -> dict[str, list[float]]:
     """Each weight tensor's sum and norm (of the model without adapters): what an adapter's base was,
     compared within a tolerance, since the same weights summed on another device differ in the last bits."""
-    return {
-        name: [float(t.double().sum()), float(t.double().norm())]
-        for name, t in model.state_dict().items()
-        if t.is_floating_point()
-    }
+    weights = {}
+    for name, t in model.state_dict().items():  # of a model carrying adapters: its base layers' weights
+        if t.is_floating_point() and "lora_" not in name and ".modules_to_save." not in name:
+            name = name.replace(".base_layer.", ".").replace(".original_module.", ".")
+            weights[name] = [float(t.double().sum()), float(t.double().norm())]
+    return weights
 
 
 def same_weights(a: dict[str, list[float]], b: dict[str, list[float]]) -> bool:
@@ -200,12 +201,14 @@ def check_base(path: Path, base: ProteinMPNN) -> dict[str, list[float]]:
     return weights
 
 
-def load_adapter(path: str | os.PathLike, base: ProteinMPNN, trainable: bool = False) -> PeftModel:
+def load_adapter(
+    path: str | os.PathLike, base: ProteinMPNN, trainable: bool = False, name: str = "default"
+) -> PeftModel:
     """The adapter saved in `path` on `base` (its weights checked against those it was trained on)."""
     path = Path(path)
     weights = check_base(path, base)
     with quiet():
-        adapted = PeftModel.from_pretrained(base, path, is_trainable=trainable)
+        adapted = PeftModel.from_pretrained(base, path, adapter_name=name, is_trainable=trainable)
     adapted.base_summary = weights
     return adapted
 

@@ -6,14 +6,15 @@ import importlib.util
 import inspect
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
+from peft import PeftModel
 
 from dpo_inv.errors import OptionError
-from dpo_inv.models.adapters import adapter_base, is_adapter, load_adapter, merge
+from dpo_inv.models.adapters import adapter_base, check_base, is_adapter, load_adapter, merge
 from dpo_inv.models.features import MembraneFeatures
 from dpo_inv.models.mpnn import ProteinMPNN, ProteinMPNNConfig
 from dpo_inv.structures.parse import PROTEINMPNN_PARSE, ParseOptions
@@ -232,6 +233,25 @@ def load_model(name_or_path: str | os.PathLike, **config_overrides: Any) -> Prot
     config, state = _read_official(path, name)
     model = ProteinMPNN(_apply_overrides(config, config_overrides))
     model.load_state_dict(state, strict=True)
+    return model.eval()
+
+
+def load_adapters(adapters: Mapping[str, str | os.PathLike]) -> PeftModel:
+    """One base model carrying several adapter folders, each under its name (``model.set_adapter(name)``
+    switches; ``with model.disable_adapter():`` is the base): an adapter per objective, one copy of the
+    weights. Every adapter must have been trained on that same base model."""
+    names = {name: adapter_base(path) for name, path in adapters.items()}
+    if len(set(names.values())) > 1:
+        trained_on = ", ".join(f"{name} on {base}" for name, base in names.items())
+        raise OptionError(
+            f"the adapters were trained on different base models ({trained_on}); one base carries only "
+            "adapters trained on it: load the others apart (load_model)"
+        )
+    (first, path), *rest = adapters.items()
+    model = load_adapter(path, load_model(names[first]), name=first)
+    for name, path in rest:
+        check_base(Path(path), model.get_base_model())
+        model.load_adapter(path, adapter_name=name)
     return model.eval()
 
 
