@@ -8,7 +8,7 @@ field's baselines; `propose`'s own round function picks dpo_inv's batches, a sim
         --prior_spearman 0.2 ...
     python scripts/campaign_benchmark.py --scan ../shared/function/CALM1_HUMAN_Weile_2017.csv \\
         --initial 24 --rounds 3 --batch 24 --seeds 10
-    python scripts/campaign_benchmark.py --scan ../shared/stability/train.jsonl --value_field label ...
+    python scripts/campaign_benchmark.py --scan ../shared/stability/train.jsonl --score_field label ...
 
 A landscape folder holds `landscape.json` (pdb_file, chain_id, wildtype_seq, site_indices, site_numbers)
 and `variants.csv` (`variant`: the letters at the sites, in order; `fitness`). A scan is a ProteinGym CSV
@@ -150,14 +150,14 @@ def scan_problems(path: Path, args: argparse.Namespace) -> list[Problem]:
             }
             entry = reference[path.name]
             structure, chain = str(path.parent / entry["pdb_file"]), entry.get("chain_id") or "A"
-        rows = read_measurements(path, args.value_field)
+        rows = read_measurements(path, args.score_field)
         return [problem(path.stem, structure, chain, rows, args.model, "rank")]
     by_structure: dict[str, list] = {}
     for record in read_records(str(path)):
         by_structure.setdefault(record.data["pdb_file"], []).append(record)
     problems = []
     for pdb_file, records in sorted(by_structure.items()):
-        rows = [Measurement(r.data["sequence"], "sequence", float(r.data[args.value_field or "label"]),
+        rows = [Measurement(r.data["sequence"], "sequence", float(r.data[args.score_field or "label"]),
                             r.location) for r in records]  # fmt: skip
         chain = records[0].data.get("chain_id", "A")
         problems.append(problem(Path(pdb_file).name.split(".")[0], str(path.parent / pdb_file), chain, rows,
@@ -234,7 +234,7 @@ def campaign(
         measured = list(rng.choice(len(values), args.initial, replace=False))
     else:
         state = CampaignState(p.parent, p.variants, nothing, np.zeros(0), nothing, p.ca)
-        first = next_batch(state, p.scorer, replace(settings, batch_size=args.initial))
+        first = next_batch(state, p.scorer, replace(settings, num_proposals=args.initial))
         measured = [index[k] for k in variant_keys(first.variants)]
     history = []
     within = np.nan
@@ -278,7 +278,11 @@ def main() -> None:
     where.add_argument("--scan", type=Path)
     parser.add_argument("--structure", help="The scan's structure (default: from reference.csv beside it).")
     parser.add_argument("--chain_id", default="A")
-    parser.add_argument("--value_field", help="The scan's value column (default: DMS_score or value).")
+    parser.add_argument(
+        "--score_field",
+        "--value_field",  # its former name
+        help="The scan's value column, as propose's --score_field (default: DMS_score or value).",
+    )
     parser.add_argument(
         "--adapt",
         action=argparse.BooleanOptionalAction,

@@ -26,7 +26,7 @@ from dpo_inv.training.output_lock import lock_folder
 STRUCTURE = EXAMPLE / "adapt" / "2jws_A_7-54.pdb.gz"
 # E8 and W37 of the domain, to A, V, I, L, M, F, W or Y, one or both: 71 variants; E9 may not change
 SPACE = ("--positions", "A:8,37", "--allowed_aas", "AVILMFWY", "--max_mutations", "2")
-START = ("--structure", str(STRUCTURE), "--chain_id", "A", *SPACE, "--batch_size", "5",
+START = ("--structure", str(STRUCTURE), "--chain_id", "A", *SPACE, "--num_proposals", "5",
          "--model", "vanilla/v_48_020", "--adapt", "no")  # fmt: skip
 
 
@@ -192,7 +192,7 @@ def test_summaries_of_rounds_measured_by_a_function(tmp_path):
     def reward(records: list[dict]) -> list[float]:
         return [float(record["sequence"].count("A")) for record in records]
 
-    start = {"structure": str(STRUCTURE), "chain_id": ["A"], "positions": "A:8", "batch_size": 3}
+    start = {"structure": str(STRUCTURE), "chain_id": ["A"], "positions": "A:8", "num_proposals": 3}
     summaries = dpo_inv.propose(tmp_path / "c", "vanilla/v_48_020", reward=reward, rounds=2, **start)
     for summary in summaries:
         written = json.loads((tmp_path / "c" / f"round_{summary['round']}" / "summary.json").read_text())
@@ -206,7 +206,7 @@ def test_an_include_in_a_space_too_large_to_list_need_not_be_among_the_drawn_can
     space, _ = read_design_space(str(STRUCTURE), ["A"], "A:8,37", "AVILMFWY", 2)
     drawn = space.enumerate()[:3]
     (tmp_path / "mine.csv").write_text("mutations\nE8W:W37A\n")
-    config = ProposeConfig(campaign=str(tmp_path / "c"), include=str(tmp_path / "mine.csv"), batch_size=5)
+    config = ProposeConfig(campaign=str(tmp_path / "c"), include=str(tmp_path / "mine.csv"), num_proposals=5)
     included = included_variants(space, config, read_history(space, []), drawn)
     assert [space.mutations(v) for v in included] == ["E8W:W37A"]
     (tmp_path / "mine.csv").write_text("mutations\nE8D\n")
@@ -241,7 +241,7 @@ def test_included_variants_join_the_batch(tmp_path, capsys):
     [
         ("E9A", "E9A is outside the campaign's design space"),
         ("E8D", "E8D is outside the campaign's design space"),
-        ("E8A\nE8V\nE8I\nE8L\nE8M\nE8F", "6 variants, more than --batch_size 5"),
+        ("E8A\nE8V\nE8I\nE8L\nE8M\nE8F", "6 variants, more than --num_proposals 5"),
     ],
 )
 def test_an_include_outside_the_space_or_beyond_the_batch_is_bad_input(tmp_path, capsys, included, message):

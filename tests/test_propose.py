@@ -127,8 +127,8 @@ def test_propose_adapts_on_measured_combinations_when_asked(tmp_path, model):
         "sequence,value\n" + "".join(f"{d['sequence']},{d['label']}\n" for d in doubles[:30])
     )
     files = {"candidates": str(tmp_path / "candidates.csv"), "measurements": str(tmp_path / "measured.csv")}
-    summary = dpo_inv.propose(tmp_path / "c", model, structure=str(STRUCTURE), chain_id=["A"], batch_size=8,
-                              adapt="yes", **files)  # fmt: skip
+    summary = dpo_inv.propose(tmp_path / "c", model, structure=str(STRUCTURE), chain_id=["A"],
+                              num_proposals=8, adapt="yes", **files)  # fmt: skip
     report = json.loads((tmp_path / "c" / "round_1" / "adapt.json").read_text())
     assert report["cv_spearman_start"] is not None and summary["proposed"] == 8
     kept = (tmp_path / "c" / "round_1" / "model").is_dir()
@@ -196,7 +196,9 @@ def test_a_campaign_round_after_round_on_measured_stability(tmp_path):
     before.write_text("mutant,DMS_score\n" + "".join(f"{r['mutation']},{r['label']}\n" for r in rows))
     campaign = tmp_path / "campaign"
     start = ("--structure", str(STRUCTURE), "--chain_id", "A", "--positions", "A:8,37,40")
-    result = propose("--campaign", str(campaign), *start, "--measurements", str(before), "--batch_size", "8")
+    result = propose(
+        "--campaign", str(campaign), *start, "--measurements", str(before), "--num_proposals", "8"
+    )
     assert result.returncode == 0, result.stderr
     summary = json.loads(result.stdout.splitlines()[-1])
     assert summary["round"] == 1 and summary["measured"] == 96 and summary["proposed"] == 8
@@ -261,7 +263,7 @@ def test_a_campaign_round_after_round_on_measured_stability(tmp_path):
         (("--parent", "L8F"), None, "the parent has E at 8, not L"),
         (("--positions", "B:8"), None, "--positions: chain 'B' is not designed"),
         (("--positions", "A:8,9", "--max_mutations", "3"), None, "only 2 positions may change"),
-        (("--positions", "A:8", "--batch_size", "20"), None, "only 19 candidates are left unmeasured"),
+        (("--positions", "A:8", "--num_proposals", "20"), None, "only 19 candidates are left unmeasured"),
         (("--positions", "A:8", "--rounds", "2"), None, "--rounds 2: give --reward or --reward_command"),
         ((), "variant,score\nE8P,1\n", "no a variant column"),
         ((), "mutations,value\nE8P,nan\n", "value must be a finite number"),
@@ -297,7 +299,7 @@ def test_propose_from_python_with_a_model_object(tmp_path, model):
 
     space = {"positions": "A:8,37", "allowed_aas": "AVILMFWY", "max_mutations": 2}
     summary = dpo_inv.propose(
-        tmp_path / "c", model, structure=str(STRUCTURE), chain_id=["A"], batch_size=5, **space
+        tmp_path / "c", model, structure=str(STRUCTURE), chain_id=["A"], num_proposals=5, **space
     )
     lines = (tmp_path / "c" / "round_1" / "proposals.csv").read_text().splitlines()
     assert summary["candidates"] == 8 + 7 + 8 * 7 and len(lines) == 6
@@ -437,13 +439,13 @@ def test_a_list_of_candidates_is_the_space(tmp_path, model):
     listed = ["E8P", "E8A:W37F", "W37Y", "E8P"]
     (tmp_path / "candidates.csv").write_text("mutations,note\n" + "".join(f"{m},x\n" for m in listed))
     summary = dpo_inv.propose(tmp_path / "c", model, structure=str(STRUCTURE), chain_id=["A"],
-                              candidates=str(tmp_path / "candidates.csv"), batch_size=3)  # fmt: skip
+                              candidates=str(tmp_path / "candidates.csv"), num_proposals=3)  # fmt: skip
     lines = (tmp_path / "c" / "round_1" / "proposals.csv").read_text().splitlines()[1:]
     assert summary["candidates"] == 3 and sorted(line.split(",")[1] for line in lines) == sorted(set(listed))
     (tmp_path / "bad.csv").write_text("name,note\nE8P,x\n")
     with pytest.raises(ValueError, match=r"bad.csv: no variant column .* among its columns \(name, note\)"):
         dpo_inv.propose(tmp_path / "d", model, structure=str(STRUCTURE), chain_id=["A"],
-                        candidates=str(tmp_path / "bad.csv"), batch_size=1)  # fmt: skip
+                        candidates=str(tmp_path / "bad.csv"), num_proposals=1)  # fmt: skip
 
 
 @pytest.mark.slow
@@ -455,7 +457,7 @@ def test_a_space_too_large_to_list_is_sampled_from_the_model(tmp_path, model):
 
     space = {"positions": "A:8-47", "allowed_aas": "AVILMFWY", "max_mutations": 3}
     summary = dpo_inv.propose(
-        tmp_path / "c", model, structure=str(STRUCTURE), chain_id=["A"], batch_size=12, **space
+        tmp_path / "c", model, structure=str(STRUCTURE), chain_id=["A"], num_proposals=12, **space
     )
     assert 1000 < summary["candidates"] < 128 * 16
     rows = (tmp_path / "c" / "round_1" / "proposals.csv").read_text().splitlines()[1:]
@@ -472,7 +474,7 @@ def test_combinations_are_scored_by_the_four_noise_levels_averaged(tmp_path):
     import dpo_inv
 
     space = {"positions": "A:8,37", "allowed_aas": "AVILMFWY", "max_mutations": 2}
-    dpo_inv.propose(tmp_path / "c", structure=str(STRUCTURE), chain_id=["A"], batch_size=5, **space)
+    dpo_inv.propose(tmp_path / "c", structure=str(STRUCTURE), chain_id=["A"], num_proposals=5, **space)
     assert json.loads((tmp_path / "c" / "campaign.json").read_text())["model"] == NOISE_LEVELS
     proposals = (tmp_path / "c" / "round_1" / "proposals.csv").read_text().splitlines()[1:]
     template = labelled()[0]
@@ -502,7 +504,7 @@ def test_rounds_measured_by_a_function_from_python_and_the_shell(tmp_path, model
     (tmp_path / "before.csv").write_text("mutations,value\n" + "".join(f"{r['mutation']},{r['label']}\n"
                                                                         for r in rows[:24]))  # fmt: skip
     start = {"structure": str(STRUCTURE), "chain_id": ["A"], "candidates": str(tmp_path / "candidates.csv"),
-             "measurements": str(tmp_path / "before.csv"), "batch_size": 8}  # fmt: skip
+             "measurements": str(tmp_path / "before.csv"), "num_proposals": 8}  # fmt: skip
 
     def oracle(records: list[dict]) -> list[float]:
         return [stability[record["sequence"]] for record in records]
@@ -526,7 +528,7 @@ def test_rounds_measured_by_a_function_from_python_and_the_shell(tmp_path, model
     )
     (tmp_path / "stability.json").write_text(json.dumps(stability))
     args = ["--campaign", str(tmp_path / "s"), "--structure", str(STRUCTURE), "--chain_id", "A",
-            "--candidates", str(tmp_path / "candidates.csv"), "--batch_size", "4",
+            "--candidates", str(tmp_path / "candidates.csv"), "--num_proposals", "4",
             "--reward", f"{tmp_path / 'oracle.py'}:measure", "--rounds", "2"]  # fmt: skip
     result = propose(*args)
     assert result.returncode == 0, result.stderr
@@ -586,7 +588,7 @@ def test_the_campaign_benchmark_on_a_landscape_and_on_a_scan(tmp_path):
     result = subprocess.run(command, capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stderr[-2000:]
     assert "2 proteins, 800 variants" in result.stdout and "Spearman with the values 0.300" in result.stdout
-    out = benchmark("--scan", str(EXAMPLE / "adapt" / "labelled.jsonl"), "--value_field", "label",
+    out = benchmark("--scan", str(EXAMPLE / "adapt" / "labelled.jsonl"), "--score_field", "label",
                     "--initial", "24", "--batch", "8", *common)  # fmt: skip
     check_runs(out, [24, 32, 40])
 

@@ -3,17 +3,18 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import ClassVar, Literal
 
 from dpo_inv.errors import OptionError
-from dpo_inv.models.options import ModelOptions
+from dpo_inv.models.options import ModelOptions, former_name, take_renamed
+from dpo_inv.tools.reward_fn import RewardOptions
 
 # ProteinMPNN's four noise levels, the one adapted (the default checkpoint) first
 NOISE_LEVELS = ["vanilla/v_48_020", "vanilla/v_48_002", "vanilla/v_48_010", "vanilla/v_48_030"]
 
 
 @dataclass
-class ProposeConfig(ModelOptions):
+class ProposeConfig(ModelOptions, RewardOptions):
     """The options of `python -m dpo_inv propose`, and of `propose` in Python besides the campaign and
     model."""
 
@@ -48,11 +49,16 @@ class ProposeConfig(ModelOptions):
     measurements: str | None = field(
         default=None, metadata={"help": "Measurements made before the campaign, copied into round_0."}
     )
-    value_field: str | None = field(
-        default=None, metadata={"help": "The measurements' value column (default: value or DMS_score)."}
-    )
+    score_field: str | None = field(
+        default=None,
+        metadata={"help": "The measurements' value column, as score, pairs and adapt name theirs (default: "
+                  "value or DMS_score)."},
+    )  # fmt: skip
     lower_is_better: bool = field(default=False, metadata={"help": "Lower values are better."})
-    batch_size: int = field(default=96, metadata={"help": "Variants to propose this round."})
+    num_proposals: int = field(
+        default=96,
+        metadata={"help": "Variants to propose this round: the batch the lab makes and measures."},
+    )
     acquisition: str = field(
         default="thompson", metadata={"help": "thompson, ucb (mean + spread) or greedy (mean)."}
     )
@@ -69,17 +75,6 @@ class ProposeConfig(ModelOptions):
         metadata={"help": "A file of variants of your own choosing (mutations, mutant or sequence) to add to "
                   "this round's batch, proposed as such (picked_by include)."},
     )  # fmt: skip
-    reward: str | None = field(
-        default=None,
-        metadata={"help": "Measure each round with a function instead of the lab, as dpo-inv rounds: "
-                  "path/to/file.py:function or package.module:function, given records (pdb_file, "
-                  "design_chains, fixed_chains, sequence), returning one number per record."},
-    )  # fmt: skip
-    reward_command: str | None = field(
-        default=None,
-        metadata={"help": "Instead of --reward: a shell command reading the records as JSON lines on stdin, "
-                  "writing one number per line."},
-    )  # fmt: skip
     rounds: int = field(
         default=1,
         metadata={"help": "Rounds to run, each measured by --reward or --reward_command before the next."},
@@ -87,11 +82,18 @@ class ProposeConfig(ModelOptions):
     seed: int = field(
         default=0, metadata={"help": "Seed of the first round, the bootstrap and Thompson draws."}
     )
+    # former names, still taken (with a deprecation line): the count was called batch_size, a name that
+    # elsewhere (sample, score) means how many are computed together
+    value_field: str | None = former_name()
+    batch_size: int | None = former_name()
+    RENAMED: ClassVar[dict[str, str]] = {"value_field": "score_field", "batch_size": "num_proposals"}
 
     def __post_init__(self) -> None:
+        take_renamed(self, self.RENAMED, "propose")
+        self.check_reward()
         if self.acquisition not in ("thompson", "ucb", "greedy"):
             raise OptionError(f"--acquisition {self.acquisition}: give thompson, ucb or greedy")
-        for name in ("max_mutations", "batch_size", "members", "rounds"):
+        for name in ("max_mutations", "num_proposals", "members", "rounds"):
             if getattr(self, name) < 1:
                 raise OptionError(f"--{name} {getattr(self, name)}: give a positive number")
 
@@ -99,5 +101,5 @@ class ProposeConfig(ModelOptions):
 # what campaign.json keeps from the first call: the design space and the model (fixed), and the round
 # settings (a later call that gives none of these takes the saved ones)
 DESIGN_FIELDS = ("structure", "chain_id", "positions", "allowed_aas", "max_mutations", "parent", "candidates",
-                 "model", "ligand_context", "ligand_exclude", "value_field", "lower_is_better")  # fmt: skip
-ROUND_FIELDS = ("batch_size", "acquisition", "members", "adapt")
+                 "model", "ligand_context", "ligand_exclude", "score_field", "lower_is_better")  # fmt: skip
+ROUND_FIELDS = ("num_proposals", "acquisition", "members", "adapt")

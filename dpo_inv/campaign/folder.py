@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dpo_inv.campaign.config import ProposeConfig
 from dpo_inv.data.measurements import Measurement, read_measurements
 from dpo_inv.data.records import write_json, write_text
 from dpo_inv.errors import MeasurementError, OptionError
@@ -70,8 +71,11 @@ class CampaignFolder:
         return self.round_dir(n) / PROPOSALS
 
     def settings(self) -> dict[str, Any] | None:
-        """What `campaign.json` holds (None: no campaign here yet)."""
-        return json.loads(self.settings_file.read_text()) if self.settings_file.exists() else None
+        """What `campaign.json` holds (None: no campaign here yet), under the options' present names."""
+        if not self.settings_file.exists():
+            return None
+        saved = json.loads(self.settings_file.read_text())
+        return {ProposeConfig.RENAMED.get(name, name): value for name, value in saved.items()}
 
     def rounds(self) -> list[int]:
         """The numbers of the round folders, in order."""
@@ -91,18 +95,18 @@ class CampaignFolder:
                 f"{self.measurements_file(last)} (mutations,value), then propose again"
             )
 
-    def measured_rounds(self, value_field: str | None, before: str | None = None) -> list[MeasuredRound]:
+    def measured_rounds(self, score_field: str | None, before: str | None = None) -> list[MeasuredRound]:
         """Every round's measurements, read once; ``before``: a file of measurements made before the
         campaign, read as round 0 where the folder has none."""
         measured = []
         if before is not None and not self.measurements_file(0).exists():
-            measured.append(MeasuredRound(0, Path(before), read_measurements(before, value_field), None))
+            measured.append(MeasuredRound(0, Path(before), read_measurements(before, score_field), None))
         for n in self.rounds():
             path = self.measurements_file(n)
             if path.exists():
                 proposals = self.proposals_file(n)
                 rows = list(csv.DictReader(proposals.open())) if proposals.exists() else None
-                measured.append(MeasuredRound(n, path, read_measurements(path, value_field), rows))
+                measured.append(MeasuredRound(n, path, read_measurements(path, score_field), rows))
         return measured
 
     @contextlib.contextmanager

@@ -114,7 +114,7 @@ def candidate_variants(space: DesignSpace, config: ProposeConfig, scorer: ModelS
 def included_variants(space: DesignSpace, config: ProposeConfig, history: History,
                       candidates: np.ndarray) -> np.ndarray | None:  # fmt: skip
     """The variants of `--include`: each in the space (a listed space: among its candidates) and not measured
-    (one that failed may be measured again), at most `--batch_size` of them, else bad input."""
+    (one that failed may be measured again), at most `--num_proposals` of them, else bad input."""
     if config.include is None:
         return None
     listed = set(variant_keys(candidates)) if config.candidates is not None else None
@@ -135,9 +135,9 @@ def included_variants(space: DesignSpace, config: ProposeConfig, history: Histor
                             "variants")  # fmt: skip
         variants.append(tokens)
     included = np.unique(np.array(variants, dtype=np.uint8).reshape(-1, len(space.parent)), axis=0)
-    if len(included) > config.batch_size:
-        raise OptionError(f"--include {config.include}: {len(included)} variants, more than --batch_size "
-                        f"{config.batch_size}: include fewer or propose more")  # fmt: skip
+    if len(included) > config.num_proposals:
+        raise OptionError(f"--include {config.include}: {len(included)} variants, more than --num_proposals "
+                          f"{config.num_proposals}: include fewer or propose more")  # fmt: skip
     return included
 
 
@@ -161,7 +161,7 @@ def propose_round(config: ProposeConfig, models: list[ProteinMPNN] | None = None
                 f"--max_mutations {config.max_mutations}: only {len(space.positions)} positions may change; "
                 f"give at most {len(space.positions)} or more --positions"
             )
-        measured = folder.measured_rounds(config.value_field, config.measurements)
+        measured = folder.measured_rounds(config.score_field, config.measurements)
         history = read_history(space, measured, listed=config.candidates is not None)
         device = resolve_device(config.device)
         models = [m.to(device).eval() for m in models]
@@ -175,7 +175,7 @@ def propose_round(config: ProposeConfig, models: list[ProteinMPNN] | None = None
         state = CampaignState(space.parent, candidates, history.measured, sign * history.values,
                               history.failed, example_ca(example, len(space.parent)),
                               included_variants(space, config, history, candidates))  # fmt: skip
-        settings = RoundSettings(config.batch_size, config.acquisition, config.members, config.adapt,
+        settings = RoundSettings(config.num_proposals, config.acquisition, config.members, config.adapt,
                                  config.seed)  # fmt: skip
         batch = next_batch(state, scorer, settings)
         for line in history.warnings:
@@ -245,7 +245,7 @@ def plot_campaign_folder(path: str | Path) -> Path:
     space, _ = read_design_space(config.structure, config.chain_id, config.positions, config.allowed_aas,
                                  config.max_mutations, config.parent)  # fmt: skip
     folder = CampaignFolder(Path(path))
-    measured = folder.measured_rounds(config.value_field)
+    measured = folder.measured_rounds(config.score_field)
     history = read_history(space, measured, listed=config.candidates is not None)
     outcomes = campaign_outcomes(measured, history)
     parent_value = history.value_of(space.parent)
@@ -262,9 +262,7 @@ def run_campaign(config: ProposeConfig, models: list[ProteinMPNN] | None = None,
     """`config.rounds` rounds; with a reward (``reward``, ``config.reward`` or ``config.reward_command``)
     each round's proposals are measured by it into `round_N/measurements.csv` before the next, and
     `campaign.png` drawn with the last. Returns the rounds' summaries."""
-    if config.reward and config.reward_command:
-        raise OptionError("--reward and --reward_command: give one of them")
-    measured = reward or config.reward or config.reward_command
+    measured = config.check_reward(reward)
     if config.rounds > 1 and not measured:
         raise OptionError(
             f"--rounds {config.rounds}: give --reward or --reward_command to measure each round"
@@ -313,7 +311,7 @@ def propose(
     """Write the next round of the campaign in folder `campaign`, as `python -m dpo_inv propose` does;
     `model` is its `--model` (a model, name or path, or several whose joint scores are averaged; default
     `default_models`); `options` are the command's others (:class:`ProposeConfig`: `structure`, `chain_id`,
-    `positions`, `allowed_aas`, `max_mutations`, `batch_size`, `rounds`, ...), with its defaults. Returns
+    `positions`, `allowed_aas`, `max_mutations`, `num_proposals`, `rounds`, ...), with its defaults. Returns
     the round's summary; its proposals are in `summary["proposals"]`. With a `reward` (a function given the
     proposals as records — `pdb_file`, `design_chains`, `fixed_chains`, `sequence` — and returning one
     number each, or its `file.py:function` name), each round is measured by it before the next, and the

@@ -30,7 +30,7 @@ class Scorer(Protocol):
 class RoundSettings:
     """How a batch is picked (`propose`'s options of the same names)."""
 
-    batch_size: int
+    num_proposals: int
     acquisition: Acquisition = "thompson"
     members: int = 10
     adapt: Literal["auto", "yes", "no"] = "auto"
@@ -75,7 +75,7 @@ def unmeasured(state: CampaignState) -> np.ndarray:
 
 
 def next_batch(state: CampaignState, scorer: Scorer, settings: RoundSettings) -> Batch:
-    """The next batch of `settings.batch_size` variants: those the user includes, then, from 8 measurements
+    """The next batch of `settings.num_proposals` variants: those the user includes, then, from 8 measurements
     on, the ensemble's pick (adapting the model first where `settings.adapt` says so), before that the
     zero-shot score's."""
     candidates = unmeasured(state)
@@ -84,11 +84,11 @@ def next_batch(state: CampaignState, scorer: Scorer, settings: RoundSettings) ->
     )
     if len(included):
         candidates = candidates[~np.isin(variant_keys(candidates), variant_keys(included))]
-    wanted = settings.batch_size - len(included)
+    wanted = settings.num_proposals - len(included)
     if wanted > len(candidates):
         raise OptionError(
-            f"--batch_size {settings.batch_size}: only {len(candidates) + len(included)} candidates are left "
-            "unmeasured; propose fewer or widen the design space"
+            f"--num_proposals {settings.num_proposals}: only {len(candidates) + len(included)} candidates "
+            "are left unmeasured; propose fewer or widen the design space"
         )
     measured, values = state.measured, state.values
     everything = np.vstack([included, candidates, measured.astype(candidates.dtype)])

@@ -1,7 +1,7 @@
 """`python -m dpo_inv propose --campaign DIR ...`: the next batch of variants to make.
 
     python -m dpo_inv propose --campaign campaigns/trpb --structure 5DVZ_A.pdb.gz --chain_id A \\
-        --positions "A:182,183,226,227" --max_mutations 4 --batch_size 96
+        --positions "A:182,183,226,227" --max_mutations 4 --num_proposals 96
 
 The first call starts the campaign: DIR/campaign.json keeps its design space and model, and DIR/round_1
 gets the batch, `proposals.csv` (rank, mutations such as `V39F:D40W` in author numbering, sequence,

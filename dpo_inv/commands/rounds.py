@@ -13,12 +13,12 @@ a last sampling pass scores the final model. Under `output_dir`:
 
 from __future__ import annotations
 
-from dpo_inv.tools.rounds import RoundsConfig, check_reward, rounds
+from dpo_inv.tools.rounds import RoundsConfig, rounds
 from dpo_inv.training.config import EPILOG as EPILOG
 
 Config = RoundsConfig
 
 
 def run(config: RoundsConfig) -> None:
-    check_reward(config, None)
+    config.check_reward(required=True)
     rounds(config)

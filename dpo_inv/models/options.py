@@ -1,9 +1,13 @@
-"""The options every command that runs a model shares, declared once, and the sign check of options."""
+"""The options every command that runs a model shares, declared once (where it runs, the decoding orders),
+the sign check of options, and how an option's former name is still taken."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+import argparse
+import sys
+from collections.abc import Mapping
+from dataclasses import MISSING, dataclass, field, fields
+from typing import Any, Literal
 
 from dpo_inv.errors import OptionError
 from dpo_inv.models.mpnn import ProteinMPNNConfig
@@ -24,6 +28,67 @@ class ModelOptions:
     def parse_options(self, config: ProteinMPNNConfig) -> ParseOptions:
         """How structures are read for a model of ``config`` with these options."""
         return parse_options(config, self.ligand_context, self.ligand_exclude)
+
+
+@dataclass(kw_only=True)
+class DecodingOrderOptions:
+    """The order a model decodes in while it trains or samples (train, rounds, sample)."""
+
+    decoding_order: Literal["random", "left_to_right"] = field(
+        default="random",
+        metadata={
+            "help": "random (fixed positions first, then the designed ones in a seeded random order: per "
+            "example in training, per sample when sampling, as ProteinMPNN) or left_to_right. Random by "
+            "default because ProteinMPNN learnt over random orders and samples differ by theirs; scoring "
+            "(score, scan, adapt) has its own decoding_order, a fixed order where adapt fits a model."
+        },
+    )
+
+
+@dataclass(kw_only=True)
+class ScoringOrderOptions:
+    """The order of the residues a score conditions on (score, scan, adapt)."""
+
+    decoding_order: Literal["random", "left_to_right"] | None = field(
+        default=None,
+        metadata={
+            "help": "The order of the residues a score conditions on (with variants: of those other than the "
+            "substituted ones): random (seeded per record from --seed, as training draws it) or "
+            "left_to_right. Default: with --ridge the order it was fitted on; score and scan otherwise "
+            "random, so their numbers equal training's evaluation; adapt left_to_right, one fixed order "
+            "for every fold, which the ridge it writes records. Training and sampling have their own "
+            "decoding_order, random by default."
+        },
+    )
+
+    def scoring_order(self, fitted: str | None = None, fallback: str = "random") -> str:
+        """The order given, else the one ``fitted`` (a ridge's), else ``fallback``."""
+        return self.decoding_order or fitted or fallback
+
+
+def take_renamed(config: Any, renamed: Mapping[str, str], command: str) -> None:
+    """Move the value of each former option name given (not None) in ``renamed`` (former: new) to its new
+    name, with a deprecation line on stderr; both names given different values is bad input."""
+    defaults = {spec.name: spec.default for spec in fields(config)}
+    for old, new in renamed.items():
+        value = getattr(config, old)
+        if value is None:
+            continue
+        setattr(config, old, None)
+        current = getattr(config, new)
+        if current not in (defaults[new], MISSING, value):
+            raise OptionError(
+                f"--{old} {value} and --{new} {current}: give --{new} alone ({old} is its former name)"
+            )
+        said = f"{command}: warning: --{old} is deprecated: it is now --{new} (the same option)"
+        print(said, file=sys.stderr, flush=True)
+        setattr(config, new, value)
+
+
+def former_name() -> Any:
+    """The field of an option's former name: still taken (a config file's key, on the command line, a
+    keyword in Python), hidden from --help; `take_renamed` moves its value to the new name."""
+    return field(default=None, metadata={"help": argparse.SUPPRESS})
 
 
 def check_signs(config: Any, positive: tuple[str, ...] = (), non_negative: tuple[str, ...] = ()) -> None:

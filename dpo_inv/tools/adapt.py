@@ -33,7 +33,7 @@ from dpo_inv.errors import OptionError
 from dpo_inv.models.adapters import LoraOptions, save_adapter
 from dpo_inv.models.combinations import MAX_ORDERS, Slots, base_order, joint_plan, joint_slots, slot_head
 from dpo_inv.models.mpnn import ProteinMPNN
-from dpo_inv.models.options import ModelOptions
+from dpo_inv.models.options import ModelOptions, ScoringOrderOptions
 from dpo_inv.models.variants import (
     ConditionalStates,
     conditional_head,
@@ -87,7 +87,7 @@ class AdaptFiles:
 
 
 @dataclass(kw_only=True)
-class AdaptOptions(StructureOptions, ModelOptions, LoraOptions):
+class AdaptOptions(StructureOptions, ModelOptions, LoraOptions, ScoringOrderOptions):
     """How a model is adapted: the options of `adapt` in Python, and the command's besides its files."""
 
     output_dir: str = field(default="outputs/adapt", metadata={"help": "Writes final/ and adapt.json."})
@@ -108,11 +108,10 @@ class AdaptOptions(StructureOptions, ModelOptions, LoraOptions):
     min_labels: int = field(
         default=20, metadata={"help": "Fewer labelled sequences than this: keep the starting model."}
     )
-    decoding_order: Literal["left_to_right", "random"] = field(
-        default="left_to_right",
-        metadata={"help": "left_to_right or random: the order of the other residues in the estimator."},
-    )
     seed: int = field(default=42, metadata={"help": "Seed of the folds, the decoding orders, the pairs."})
+
+    def __post_init__(self) -> None:
+        self.decoding_order = self.scoring_order(fallback="left_to_right")
 
 
 @dataclass

@@ -53,22 +53,41 @@ class PairsFiles:
 
 
 @dataclass(kw_only=True)
-class PairsOptions(StructureOptions):
-    """How pairs are made: the options of `make_pairs` in Python, and the command's besides its files."""
+class PairingOptions:
+    """How the scored sequences of a group are paired: the options `pairs` and `rounds` (a target's samples
+    of a round, by their reward) share."""
 
     strategy: Literal["best_vs_worst", "all", "top_vs_rest", "same_position"] = field(
-        default="best_vs_worst", metadata={"help": "; ".join(f"{k}: {v}" for k, v in STRATEGIES.items())}
+        default="best_vs_worst",
+        metadata={"help": "; ".join(f"{k}: {v}" for k, v in STRATEGIES.items()) + " (pairs only)"},
     )
-    score_field: str = field(default="score", metadata={"help": "The numeric field to compare."})
-    lower_is_better: bool = field(default=False, metadata={"help": "A lower score is better (e.g. ddG)."})
     min_margin: float = field(
         default=0.0,
         metadata={"help": "Least score difference of a pair; a pair also needs a difference > 0 (no ties)."},
     )
     max_pairs_per_structure: int | None = field(
-        default=None, metadata={"help": "Keep at most this many pairs per group (a seeded random subset)."}
-    )
+        default=None,
+        metadata={"help": "Keep at most this many pairs per group (rounds: per target and round), a seeded "
+                  "random subset."},
+    )  # fmt: skip
     top_k: int = field(default=1, metadata={"help": "top_vs_rest: how many of the best to pair."})
+
+    def check_pairing(self) -> None:
+        """Refuse a margin, top_k or pair limit out of range."""
+        if not math.isfinite(self.min_margin) or self.min_margin < 0:
+            raise OptionError(f"--min_margin must be a finite number >= 0, got {self.min_margin}")
+        if self.top_k < 1:
+            raise OptionError(f"--top_k must be >= 1, got {self.top_k}")
+        if self.max_pairs_per_structure is not None and self.max_pairs_per_structure < 1:
+            raise OptionError(f"--max_pairs_per_structure must be >= 1, got {self.max_pairs_per_structure}")
+
+
+@dataclass(kw_only=True)
+class PairsOptions(StructureOptions, PairingOptions):
+    """How pairs are made: the options of `make_pairs` in Python, and the command's besides its files."""
+
+    score_field: str = field(default="score", metadata={"help": "The numeric field to compare."})
+    lower_is_better: bool = field(default=False, metadata={"help": "A lower score is better (e.g. ddG)."})
     wildtype_score: float | None = field(
         default=None, metadata={"help": "same_position: pair the wild type too, with this score."}
     )
@@ -296,12 +315,7 @@ def check_options(config: PairsOptions) -> None:
         raise OptionError(f"--labels_from_score must be a finite number, got {config.labels_from_score}")
     if config.labels_from_quantile is not None and not 0 <= config.labels_from_quantile < 1:
         raise OptionError(f"--labels_from_quantile must be in [0, 1), got {config.labels_from_quantile}")
-    if not math.isfinite(config.min_margin) or config.min_margin < 0:
-        raise OptionError(f"--min_margin must be a finite number >= 0, got {config.min_margin}")
-    if config.top_k < 1:
-        raise OptionError(f"--top_k must be >= 1, got {config.top_k}")
-    if config.max_pairs_per_structure is not None and config.max_pairs_per_structure < 1:
-        raise OptionError(f"--max_pairs_per_structure must be >= 1, got {config.max_pairs_per_structure}")
+    config.check_pairing()
     if config.wildtype_score is not None:
         if config.strategy != "same_position":
             raise OptionError("--wildtype_score applies only to --strategy same_position")

@@ -17,12 +17,46 @@ import math
 import numbers
 import subprocess
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from dpo_inv.errors import RewardError
+from dpo_inv.errors import OptionError, RewardError
 
 RECORD_FIELDS = ("pdb_file", "design_chains", "fixed_chains", "sequence")
 RewardFunction = Callable[[list[dict]], list[float]]
+
+
+@dataclass(kw_only=True)
+class RewardOptions:
+    """The reward, as rounds (each round's samples) and propose (each round's proposals, instead of the
+    lab) take it: one of a function, its name, or a command."""
+
+    reward: str | None = field(
+        default=None,
+        metadata={
+            "help": "path/to/file.py:function or package.module:function, called with a list of records "
+            "(pdb_file, design_chains, fixed_chains, sequence) and returning one number per record: the "
+            "samples' rewards (rounds), or the proposals' measurements instead of the lab's (propose)."
+        },
+    )
+    reward_command: str | None = field(
+        default=None,
+        metadata={
+            "help": "Instead of reward: a shell command reading the records as JSON lines on stdin, writing "
+            "one JSON number per line on stdout."
+        },
+    )
+
+    def check_reward(self, function: RewardFunction | None = None, required: bool = False) -> bool:
+        """Whether a reward is given (a Python ``function``, `reward` or `reward_command`); two of them, or
+        none where one is ``required``, is bad input."""
+        given = sum(r is not None for r in (function, self.reward, self.reward_command))
+        if given > 1 or (required and not given):
+            raise OptionError(
+                "give either reward (a Python function) or reward_command (a shell command)"
+                + (", not both" if given > 1 else "")
+            )
+        return given == 1
 
 
 @functools.cache

@@ -23,8 +23,8 @@ from dpo_inv.models.mpnn import ProteinMPNN, derive_seed
 from dpo_inv.models.options import check_signs
 from dpo_inv.models.weights import load_model, model_parse_options
 from dpo_inv.structures.parse import ALPHABET
-from dpo_inv.tools.pairs import STRATEGIES, PairsConfig, pairs_file
-from dpo_inv.tools.reward_fn import RewardError, RewardFunction, compute_rewards
+from dpo_inv.tools.pairs import PairingOptions, PairsConfig, pairs_file
+from dpo_inv.tools.reward_fn import RewardError, RewardFunction, RewardOptions, compute_rewards
 from dpo_inv.tools.sample import SampleOptions, sample_structure
 from dpo_inv.tools.targets import Targets, load_targets
 from dpo_inv.training.config import DPOConfig, field_help
@@ -38,8 +38,9 @@ from dpo_inv.training.trainer import fit, load_models, start_job
 
 
 @dataclass
-class RoundsConfig(DPOConfig):
-    """The training configuration, plus what the rounds sample, how they are scored and paired."""
+class RoundsConfig(DPOConfig, RewardOptions, PairingOptions):
+    """The training configuration, plus what the rounds sample, how they are scored (the reward, higher =
+    better unless reward_lower_is_better) and paired (a target's samples of a round, by reward)."""
 
     targets_file: str | None = field(
         default=None,
@@ -52,38 +53,12 @@ class RoundsConfig(DPOConfig):
     sampling_temperature: float = field(default=0.2, **field_help("Sampling temperature."))
     sampling_batch_size: int = field(default=16, **field_help("Samples decoded together."))
     omit_aas: str = field(default="", **field_help("Amino acids never sampled, e.g. CM (X never is)."))
-    reward: str | None = field(
-        default=None,
-        **field_help(
-            "path/to/file.py:function or package.module:function, called with a list of records "
-            "(pdb_file, design_chains, fixed_chains, sequence) and returning one float each, higher = better."
-        ),
-    )
-    reward_command: str | None = field(
-        default=None,
-        **field_help(
-            "Instead of reward: a shell command reading the records as JSON lines on stdin, writing one "
-            "JSON number per line on stdout."
-        ),
-    )
     reward_lower_is_better: bool = field(default=False, **field_help("A lower reward is better (an energy)."))
     reference_per_round: Literal["base", "previous"] = field(
         default="base",
         **field_help(
             "The reference of each round: the starting model (base), or the model the round starts from."
         ),
-    )
-    strategy: Literal["best_vs_worst", "all", "top_vs_rest"] = field(
-        default="best_vs_worst",
-        **field_help(
-            "How a round's samples of a target are paired: "
-            + "; ".join(f"{k}: {v}" for k, v in STRATEGIES.items() if k != "same_position")
-        ),
-    )
-    min_margin: float = field(default=0.0, **field_help("Least reward difference of a pair."))
-    top_k: int = field(default=1, **field_help("top_vs_rest: how many of the best to pair."))
-    max_pairs_per_structure: int | None = field(
-        default=None, **field_help("Keep at most this many pairs per target and round (a seeded subset).")
     )
     labels_from_quantile: float = field(
         default=0.5,
@@ -98,8 +73,16 @@ class RoundsConfig(DPOConfig):
         super().__post_init__()
         if self.targets_file is None:
             raise OptionError("targets_file is required: the design targets, one JSON line each")
-        check_signs(self, positive=("num_rounds", "sampling_batch_size", "top_k", "max_pairs_per_structure"),
-                    non_negative=("sampling_temperature", "min_margin"))  # fmt: skip
+        check_signs(
+            self, positive=("num_rounds", "sampling_batch_size"), non_negative=("sampling_temperature",)
+        )
+        self.check_pairing()
+        if self.strategy == "same_position":
+            raise OptionError(
+                "strategy same_position pairs single mutants of a wildtype_seq, which a round's samples are "
+                "not: give best_vs_worst, all or top_vs_rest"
+            )
+        self.check_reward()
         if self.num_samples < 2:
             raise OptionError("num_samples must be at least 2: pairs need two samples of a target")
         if not 0 <= self.labels_from_quantile < 1:
@@ -311,13 +294,6 @@ def round_reference(accelerator: Accelerator, config: RoundsConfig, base: torch.
     return reference.to(accelerator.device).eval().requires_grad_(False)
 
 
-def check_reward(config: RoundsConfig, reward: RewardFunction | None) -> None:
-    """Exactly one reward: a Python function, `config.reward` (its name) or `config.reward_command`."""
-    given = [reward is not None, config.reward is not None, config.reward_command is not None]
-    if sum(given) != 1:
-        raise OptionError("give either reward (a Python function) or reward_command (a shell command)")
-
-
 def rounds(config: RoundsConfig, reward: RewardFunction | None = None) -> list[dict]:
     """On-policy rounds as `python -m dpo_inv rounds` runs them: each round samples from the current model,
     scores the samples, pairs them and trains on them; a last sampling pass scores the final model.
@@ -329,7 +305,7 @@ def rounds(config: RoundsConfig, reward: RewardFunction | None = None) -> list[d
     rounds.jsonl: one per sampling pass, with its rewards, recovery and diversity. Started by a launcher,
     every process runs it.
     """
-    check_reward(config, reward)
+    config.check_reward(reward, required=True)
     accelerator, setup = start_job(config)
     with output_lock(accelerator, config.output_dir):
         run_rounds(accelerator, setup, config, reward)

@@ -9,7 +9,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, TextIO
+from typing import Any, TextIO
 
 import numpy as np
 import torch
@@ -20,7 +20,7 @@ from dpo_inv.data.progress import progress
 from dpo_inv.data.records import rebase_paths, write_text
 from dpo_inv.errors import DataError, OptionError
 from dpo_inv.models.mpnn import ProteinMPNN, ProteinMPNNConfig, derive_seed
-from dpo_inv.models.options import ModelOptions, check_signs
+from dpo_inv.models.options import DecodingOrderOptions, ModelOptions, check_signs
 from dpo_inv.models.sampling import allowed_tokens, sample_sequences
 from dpo_inv.models.weights import (
     as_model,
@@ -74,7 +74,7 @@ class SampleFiles:
 
 
 @dataclass(kw_only=True)
-class SampleOptions(ModelOptions):
+class SampleOptions(ModelOptions, DecodingOrderOptions):
     """How sequences are sampled: the options of `sample` in Python, and the command's besides its files."""
 
     design_chains: list[str] = field(
@@ -123,10 +123,6 @@ class SampleOptions(ModelOptions):
             "order: with random orders each sample still differs, with --decoding_order left_to_right all "
             "are one deterministic design."
         },
-    )
-    decoding_order: Literal["random", "left_to_right"] = field(
-        default="random",
-        metadata={"help": "random (drawn per sample from the seed, as ProteinMPNN) or left_to_right."},
     )
     omit_aas: str = field(default="", metadata={"help": "Amino acids never sampled, e.g. CM (X never is)."})
     bias_aas: str = field(

@@ -12,14 +12,14 @@ import csv
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 
 from dpo_inv.data.batches import collate
 from dpo_inv.errors import OptionError
 from dpo_inv.models.mpnn import ProteinMPNN, derive_seed
-from dpo_inv.models.options import ModelOptions, check_signs
+from dpo_inv.models.options import ModelOptions, ScoringOrderOptions, check_signs
 from dpo_inv.models.variants import conditional_log_probs, round_metric
 from dpo_inv.models.weights import as_model
 from dpo_inv.structures.parse import ALPHABET, AMINO_ACIDS
@@ -46,7 +46,7 @@ class ScanFiles:
 
 
 @dataclass(kw_only=True)
-class ScanOptions(ModelOptions):
+class ScanOptions(ModelOptions, ScoringOrderOptions):
     """What is scanned, and how: the options of `scan` in Python, and the command's besides its files."""
 
     chain_id: list[str] = field(default_factory=list, metadata={"help": "Designed chains (default: all)."})
@@ -59,11 +59,6 @@ class ScanOptions(ModelOptions):
         default=None,
         metadata={"help": "The augmented_ridge.json adapt wrote beside its final model (--model): adds "
                   "predicted_<label>, and the heatmap shows it."},
-    )  # fmt: skip
-    decoding_order: Literal["random", "left_to_right"] | None = field(
-        default=None,
-        metadata={"help": "The order of the other residues: random (drawn from --seed, as score draws it) or "
-                  "left_to_right. Default: random, or with --ridge the order it was fitted with."},
     )  # fmt: skip
     num_orders: int = field(default=1, metadata={"help": "Decoding orders; log p is averaged over them."})
     seed: int = field(default=42, metadata={"help": "Seed of the random decoding order (score's seed)."})
@@ -163,7 +158,7 @@ def scan_structure(model: ProteinMPNN | str, structure: str | Path, config: Scan
     """Score every single substitution at ``positions`` (default: every observed designed residue)."""
     model = as_model(model)
     fitted = None if config.ridge is None else AugmentedRidge.load(config.ridge)
-    decoding_order = config.decoding_order or (fitted.decoding_order if fitted else "random")
+    decoding_order = config.scoring_order(fitted.decoding_order if fitted else None)
     if fitted is not None:  # on single mutants the joint estimator is the conditional one
         check_ridge(fitted, model, str(config.ridge), fitted.variant_scoring, decoding_order)
     space, example = read_design_space(

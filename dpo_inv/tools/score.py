@@ -30,7 +30,7 @@ from dpo_inv.data.records import (
 )
 from dpo_inv.errors import OptionError
 from dpo_inv.models.mpnn import ProteinMPNN
-from dpo_inv.models.options import ModelOptions, check_signs
+from dpo_inv.models.options import ModelOptions, ScoringOrderOptions, check_signs
 from dpo_inv.models.variants import (
     conditional_deltas,
     group_variants,
@@ -72,17 +72,9 @@ class ScoreFiles:
 
 
 @dataclass(kw_only=True)
-class ScoreOptions(StructureOptions, ModelOptions):
+class ScoreOptions(StructureOptions, ModelOptions, ScoringOrderOptions):
     """How records are scored: the options of `score` in Python, and the command's besides its files."""
 
-    decoding_order: Literal["random", "left_to_right"] | None = field(
-        default=None,
-        metadata={
-            "help": "random (seeded per record, as the trainer) or left_to_right; with conditional variant "
-            "scoring, the order of the residues other than the substituted one. Default: random, or with "
-            "--ridge the order it was fitted with."
-        },
-    )
     variant_scoring: Literal["conditional", "joint", "full"] | None = field(
         default=None,
         metadata={
@@ -315,7 +307,7 @@ def score_records(
     ridge = None if config.ridge is None else AugmentedRidge.load(config.ridge)
     config = replace(
         config,
-        decoding_order=config.decoding_order or getattr(ridge, "decoding_order", "random"),
+        decoding_order=config.scoring_order(getattr(ridge, "decoding_order", None)),
         variant_scoring=config.variant_scoring or getattr(ridge, "variant_scoring", "conditional"),
     )
     if ridge is not None:

@@ -10,7 +10,7 @@ from accelerate.utils import LoggerType
 
 from dpo_inv.errors import OptionError
 from dpo_inv.models.adapters import LoraOptions
-from dpo_inv.models.options import check_signs
+from dpo_inv.models.options import DecodingOrderOptions, check_signs
 from dpo_inv.models.weights import LIGAND_CONTEXT_HELP, LIGAND_EXCLUDE_HELP
 from dpo_inv.training import kto, sft
 from dpo_inv.training.exits import EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_NONFINITE, EXIT_NOT_SAVED
@@ -43,7 +43,7 @@ def field_help(text: str, **kwargs) -> dict:
 
 
 @dataclass
-class DPOConfig(LoraOptions):
+class DPOConfig(LoraOptions, DecodingOrderOptions):
     """Everything a DPO run needs. Names follow TRL's `DPOConfig` where TRL has the concept."""
 
     # model
@@ -200,12 +200,6 @@ class DPOConfig(LoraOptions):
     num_decoding_orders: int = field(
         default=1,
         **field_help("Decoding orders per pair; log p is averaged over them (less variance, more compute)."),
-    )
-    decoding_order: Literal["random", "left_to_right"] = field(
-        default="random",
-        **field_help(
-            "random (fixed positions first, then designed ones in a seeded random order) or left_to_right."
-        ),
     )
     # optimisation
     learning_rate: float = field(default=5e-5, **field_help("Peak learning rate (AdamW)."))
