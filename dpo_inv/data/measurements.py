@@ -1,8 +1,8 @@
 """Measurements that come back from the lab: a variant and a number per row, in CSV (or any format
 `read_records` reads). The variant is `mutations` (`V39F:D40W`), ProteinGym's `mutant`, or the full
 `sequence` (ProteinGym's `mutated_sequence`); the number is `value`, ProteinGym's `DMS_score`, or the column
-named by ``value_field``. An empty value or `NA` records a failed measurement (did not express, no signal):
-its value is NaN."""
+named by ``score_field`` (`propose --score_field`). An empty value or `NA` records a failed measurement (did
+not express, no signal): its value is NaN."""
 
 from __future__ import annotations
 
@@ -29,14 +29,14 @@ class Measurement:
     location: str
 
 
-def read_measurements(path: str | Path, value_field: str | None = None) -> list[Measurement]:
+def read_measurements(path: str | Path, score_field: str | None = None) -> list[Measurement]:
     """Every row of ``path`` (failed measurements: NaN; rows of empty cells left out); a file without a
     variant or value column, or a row whose value is neither a finite number nor empty or `NA`, is a
     `DataError` naming the file (and the row)."""
     records = read_records(str(path))
     columns = {key for record in records for key in (record.data or {})}
     variant_field = next((f for f in VARIANT_FIELDS if f in columns), None)
-    value_fields = (value_field,) if value_field else VALUE_FIELDS
+    value_fields = (score_field,) if score_field else VALUE_FIELDS
     found_value = next((f for f in value_fields if f in columns), None)
     if variant_field is None or found_value is None:
         missing = "a variant column (" + ", ".join(VARIANT_FIELDS) + ")" if variant_field is None else ""
