@@ -66,12 +66,12 @@ from dpo_inv.campaign.history import variant_tokens
 from dpo_inv.campaign.propose import default_models
 from dpo_inv.campaign.round import CampaignState, RoundSettings, next_batch
 from dpo_inv.campaign.scoring import ModelScorer, example_ca
+from dpo_inv.data.design import read_design_space, variant_keys
 from dpo_inv.data.measurements import Measurement, read_measurements
 from dpo_inv.data.records import read_records
 from dpo_inv.models.mpnn import ProteinMPNN
 from dpo_inv.models.variants import spearman
 from dpo_inv.models.weights import load_model
-from dpo_inv.tools.design_space import read_design_space, variant_keys
 
 METHODS = ("dpo_inv", "augmented_ridge", "greedy_zero_shot", "random")
 CPU = torch.device("cpu")

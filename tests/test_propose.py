@@ -26,12 +26,12 @@ from dpo_inv.campaign.scoring import example_ca
 from dpo_inv.cli import run as run_command
 from dpo_inv.data.batches import ExampleDataset, collate, structure_inputs
 from dpo_inv.data.dataset import VARIANTS, load_records
+from dpo_inv.data.design import read_design_space
 from dpo_inv.models.combinations import Slots, joint_deltas, joint_plan, joint_slots, rotations, slot_head
 from dpo_inv.models.variants import conditional_deltas, spearman
 from dpo_inv.models.weights import load_model
 from dpo_inv.structures.parse import ALPHABET, tokenize
 from dpo_inv.tools.adapt import AdaptOptions, train_head, variant_set
-from dpo_inv.tools.design_space import read_design_space
 
 STRUCTURE = EXAMPLE / "adapt" / "2jws_A_7-54.pdb.gz"
 LABELLED = EXAMPLE / "adapt" / "labelled.jsonl"

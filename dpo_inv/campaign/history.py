@@ -8,10 +8,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from dpo_inv.campaign.folder import MeasuredRound
+from dpo_inv.data.design import DesignSpace, variant_key
 from dpo_inv.data.measurements import Measurement
 from dpo_inv.errors import MeasurementError
 from dpo_inv.structures.parse import AMINO_ACIDS, tokenize
-from dpo_inv.tools.design_space import DesignSpace, variant_key
 
 NAMED = 5  # variants named in a warning line before "and N more"
 

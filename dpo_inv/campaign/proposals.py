@@ -11,11 +11,11 @@ import numpy as np
 from dpo_inv.campaign.folder import MeasuredRound
 from dpo_inv.campaign.plot import RoundOutcome
 from dpo_inv.campaign.round import Batch
+from dpo_inv.data.design import DesignSpace, variant_key
 from dpo_inv.data.records import write_json, write_text
 from dpo_inv.models.variants import round_metric
 from dpo_inv.structures.parse import ALPHABET, tokenize
 from dpo_inv.tools.adapt import Adapted
-from dpo_inv.tools.design_space import DesignSpace, variant_key
 
 COLUMNS = "rank,mutations,sequence,predicted,uncertainty,zero_shot_delta_logp,picked_by"
 

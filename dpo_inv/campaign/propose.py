@@ -26,15 +26,14 @@ from dpo_inv.campaign.plot import RoundOutcome, plot_campaign
 from dpo_inv.campaign.proposals import round_outcome, write_proposals
 from dpo_inv.campaign.round import Batch, CampaignState, RoundSettings, next_batch
 from dpo_inv.campaign.scoring import ModelScorer, example_ca, sampled, sampled_variants
+from dpo_inv.data.design import DesignSpace, prepare_design, read_design_space, variant_key, variant_keys
 from dpo_inv.data.measurements import read_variants
 from dpo_inv.data.records import DataError, write_text
 from dpo_inv.errors import MeasurementError, OptionError
 from dpo_inv.models.combinations import MAX_ORDERS
 from dpo_inv.models.mpnn import ProteinMPNN
 from dpo_inv.models.weights import as_model
-from dpo_inv.tools.design_space import DesignSpace, read_design_space, variant_key, variant_keys
 from dpo_inv.tools.reward_fn import RewardFunction, compute_rewards
-from dpo_inv.tools.sample import prepare_design
 from dpo_inv.training.launch import resolve_device, reuse_freed_memory
 
 
@@ -291,9 +290,7 @@ def measure_round(proposals: Path, config: ProposeConfig, reward: RewardFunction
     """The reward of each proposal, written beside it as `measurements.csv` (mutations,value)."""
     settings = settle_campaign(ProposeConfig(campaign=config.campaign))
     structure = Path(settings.structure)
-    chains = settings.chain_id or list(
-        dict.fromkeys(c for c, _ in prepare_design(structure, [], [], {}).residue_numbers)
-    )
+    chains = settings.chain_id or prepare_design(structure, [], [], {}).design_chains
     rows = list(csv.DictReader(proposals.open()))
     records = [{"pdb_file": str(structure), "design_chains": chains, "fixed_chains": [],
                 "sequence": row["sequence"]} for row in rows]  # fmt: skip

@@ -9,9 +9,9 @@ from typing import Literal, Protocol
 import numpy as np
 
 from dpo_inv.campaign.acquisition import Acquisition, choose_batch, zero_shot_batch
+from dpo_inv.data.design import variant_keys
 from dpo_inv.errors import OptionError
 from dpo_inv.tools.adapt import Adapted, AdaptOptions
-from dpo_inv.tools.design_space import variant_keys
 
 MIN_MEASURED = 8  # fewer measurements: the batch is the zero-shot score's (`zero_shot_batch`)
 

@@ -11,13 +11,13 @@ import numpy as np
 import torch
 
 from dpo_inv.data.batches import collate, structure_inputs
+from dpo_inv.data.design import MAX_CANDIDATES, DesignSpace, variant_keys
 from dpo_inv.models.combinations import MAX_ORDERS, joint_deltas, joint_plan
 from dpo_inv.models.mpnn import ProteinMPNN, derive_seed
 from dpo_inv.models.sampling import sample_sequences
 from dpo_inv.models.variants import conditional_log_probs
 from dpo_inv.structures.parse import ALPHABET, AMINO_ACIDS
 from dpo_inv.tools.adapt import Adapted, AdaptOptions, choose_and_train, variant_set
-from dpo_inv.tools.design_space import MAX_CANDIDATES, DesignSpace, variant_keys
 
 # the adapted model trains on and scores one order of a combination's mutated positions (four: 3.4x as long)
 ADAPTED_ORDERS = 1

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,6 +15,14 @@ import torch
 from torch import Tensor
 
 from dpo_inv.data.batches import collate
+from dpo_inv.data.design import (
+    Design,
+    parse_positions,
+    parse_redesigned_residues,
+    parse_tied_positions,
+    prepare_design,
+    structure_name,
+)
 from dpo_inv.data.progress import progress
 from dpo_inv.data.records import rebase_paths, write_text
 from dpo_inv.errors import DataError, OptionError
@@ -27,23 +34,9 @@ from dpo_inv.models.weights import (
     load_model,
     read_config,
 )
-from dpo_inv.structures.context import context_atoms, empty_context_note
-from dpo_inv.structures.parse import (
-    ALPHABET,
-    AMINO_ACIDS,
-    PROTEINMPNN_PARSE,
-    Chain,
-    ParseOptions,
-    StructureError,
-    featurize,
-    protein_chains,
-    read_model,
-)
+from dpo_inv.structures.context import empty_context_note
+from dpo_inv.structures.parse import ALPHABET, AMINO_ACIDS
 from dpo_inv.training.launch import resolve_device
-
-STRUCTURE_SUFFIXES = (".gz", ".pdb", ".ent", ".cif", ".mmcif")
-RESIDUE = r"-?\d+[A-Z]?"
-RESIDUE_RANGE = re.compile(rf"^({RESIDUE})(?:-({RESIDUE}))?$")
 
 
 @dataclass
@@ -168,112 +161,6 @@ def parse_bias(spec: str) -> Tensor:
     return bias
 
 
-def parse_fixed_positions(
-    specs: Sequence[str], option: str = "--fixed_positions"
-) -> dict[str, list[tuple[str, str]]]:
-    """``["A:1-10,15 B:3"]`` -> ``{"A": [("1", "10"), ("15", "15")], "B": [("3", "3")]}``."""
-    fixed: dict[str, list[tuple[str, str]]] = {}
-    for token in " ".join(specs).split():
-        chain_id, _, residues = token.partition(":")
-        if not chain_id or not residues:
-            raise OptionError(f"{option}: {token!r} is not CHAIN:RESIDUES such as A:1-10,15")
-        for item in residues.split(","):
-            match = RESIDUE_RANGE.match(item.upper())
-            if match is None:
-                raise OptionError(
-                    f"{option}: {item!r} (chain {chain_id}) is not a residue number or range "
-                    "such as 15, 52A or 1-10"
-                )
-            fixed.setdefault(chain_id, []).append((match[1], match[2] or match[1]))
-    return fixed
-
-
-def parse_redesigned_residues(spec: str) -> dict[str, list[tuple[str, str]]]:
-    """LigandMPNN's ``"A12 A13 B52A"`` (or ``"A:12-20,25"``) -> ``{"A": [("12", "12"), ...], ...}``."""
-    if ":" in spec:
-        return parse_fixed_positions([spec], "--redesigned_residues")
-    residues: dict[str, list[tuple[str, str]]] = {}
-    for token in spec.split():
-        match = re.match(rf"^([A-Za-z]+)({RESIDUE})$", token)
-        if match is None:
-            raise OptionError(f"--redesigned_residues: {token!r} is not CHAIN+NUMBER such as A12 or B52A")
-        residues.setdefault(match[1], []).append((match[2].upper(), match[2].upper()))
-    return residues
-
-
-Tie = list[tuple[str, list[tuple[str, str]]]]  # the residue ranges of each chain of one tie
-
-
-def parse_tied_positions(specs: Sequence[str]) -> list[Tie]:
-    """``["A:1-10=B:1-10"]`` -> ``[[("A", [("1", "10")]), ("B", [("1", "10")])]]``."""
-    ties = []
-    for token in " ".join(specs).split():
-        sides = [parse_fixed_positions([side], "--tied_positions") for side in token.split("=")]
-        if len(sides) < 2 or any(len(side) != 1 for side in sides):
-            raise OptionError(
-                f"--tied_positions: {token!r} is not CHAIN:RESIDUES=CHAIN:RESIDUES such as A:1-10=B:1-10"
-            )
-        ties.append([next(iter(side.items())) for side in sides])
-    return ties
-
-
-def tied_groups(
-    chains: dict[str, Chain],
-    design: list[str],
-    starts: list[int],
-    ties: list[Tie],
-    homo_oligomer: bool,
-    path: Path,
-) -> list[list[int]]:
-    """The groups of tied positions (indices into the designed chains, which start at ``starts``) of
-    ``ties``, or of every designed chain residue by residue with ``homo_oligomer``."""
-    starts = dict(zip(design, starts, strict=False))
-    if homo_oligomer:
-        lengths = {c: len(chains[c].sequence) for c in design}
-        if len(set(lengths.values())) > 1:
-            raise StructureError(f"{path}: --homo_oligomer: the designed chains differ in length ({lengths})")
-        return [[starts[c] + i for c in design] for i in range(lengths[design[0]])] if len(design) > 1 else []
-    groups = []
-    for tie in ties:
-        sides = []
-        for chain_id, ranges in tie:
-            if chain_id not in design:
-                raise StructureError(
-                    f"{path}: --tied_positions: chain {chain_id!r} is not designed "
-                    f"(designed: {', '.join(design)})"
-                )
-            indices = fixed_indices(chains[chain_id], ranges, path, "--tied_positions")
-            sides.append([starts[chain_id] + i for i in indices])
-        if len({len(side) for side in sides}) > 1:
-            raise StructureError(
-                f"{path}: --tied_positions: {'='.join(c for c, _ in tie)} tie {[len(s) for s in sides]} "
-                "residues; give equally many on each side"
-            )
-        groups += [list(group) for group in zip(*sides, strict=True)]
-    return groups
-
-
-def fixed_indices(
-    chain: Chain, ranges: list[tuple[str, str]], path: Path, option: str = "--fixed_positions"
-) -> list[int]:
-    """Indices into ``chain`` of the residues from ``start`` to ``end`` (file order) of each range."""
-    index = {number: i for i, number in enumerate(chain.numbers)}
-    indices: list[int] = []
-    for start, end in ranges:
-        for number in (start, end):
-            if number not in index:
-                raise StructureError(
-                    f"{path}: {option}: chain {chain.chain_id} has no residue {number} "
-                    f"(residues {chain.numbers[0]}..{chain.numbers[-1]})"
-                )
-        if index[end] < index[start]:
-            raise StructureError(
-                f"{path}: {option}: range {start}-{end} of chain {chain.chain_id} runs backwards"
-            )
-        indices.extend(range(index[start], index[end] + 1))
-    return indices
-
-
 def read_structure_list(path: Path) -> list[Path]:
     """Structure paths listed one per line (blank lines and # comments skipped); all must exist."""
     if not path.is_file():
@@ -290,98 +177,6 @@ def read_structure_list(path: Path) -> list[Path]:
     if not structures:
         raise DataError(f"{path}: no structure paths")
     return structures
-
-
-def structure_name(path: Path) -> str:
-    """File name without structure suffixes: ``1eteA.pdb.gz`` -> ``1eteA``."""
-    name = path.name
-    while Path(name).suffix.lower() in STRUCTURE_SUFFIXES:
-        name = Path(name).stem
-    return name
-
-
-@dataclass(frozen=True)
-class Design:
-    """One structure to design: its designed chains and its ``collate`` example (designed chains first)."""
-
-    path: Path
-    name: str
-    design_chains: list[str]
-    chain_lengths: list[int]
-    example: dict[str, Any]
-    tied: np.ndarray  # each position's tie head (its own index when not tied)
-    num_context_atoms: int = 0
-    residue_numbers: list[tuple[str, str]] = field(default_factory=list)  # (chain, author number) designed
-
-
-def prepare_design(
-    path: Path,
-    design_chains: Sequence[str],
-    fixed_chains: Sequence[str],
-    fixed_positions: dict[str, list[tuple[str, str]]],
-    options: ParseOptions = PROTEINMPNN_PARSE,
-    ties: Sequence[Tie] = (),
-    homo_oligomer: bool = False,
-    redesigned: dict[str, list[tuple[str, str]]] | None = None,
-) -> Design:
-    """Parse and featurize ``path`` as ``options`` say; without ``design_chains``, every chain not fixed is
-    designed; with ``redesigned``, only those residues of them. Tied residues (``ties``, or
-    ``homo_oligomer``) get one amino acid; a missing one is left out of its tie."""
-    structure = read_model(path)
-    chains = protein_chains(structure, path, options)
-    design = list(design_chains) or [c for c in chains if c not in fixed_chains]
-    features = featurize(chains, design, list(fixed_chains), path)
-    num_designed = int(features.design_mask.sum())
-    mutable = np.ones(num_designed, dtype=np.float32)
-    lengths = [len(chains[c].sequence) for c in design]
-    starts = np.cumsum([0, *lengths]).tolist()
-    option = "--fixed_positions" if redesigned is None else "--redesigned_residues"
-    if redesigned is not None:
-        mutable[:] = 0
-    for chain_id, ranges in (fixed_positions if redesigned is None else redesigned).items():
-        if chain_id not in chains:
-            raise StructureError(
-                f"{path}: {option}: chain {chain_id!r} not found (chains present: {', '.join(chains)})"
-            )
-        if chain_id not in design:
-            raise StructureError(
-                f"{path}: {option}: chain {chain_id!r} is not designed (designed: {', '.join(design)})"
-            )
-        start = starts[design.index(chain_id)]
-        mutable[[start + i for i in fixed_indices(chains[chain_id], ranges, path, option)]] = (
-            0 if redesigned is None else 1
-        )
-    if not (mutable * features.mask[:num_designed]).any():
-        what = "fixes every" if redesigned is None else "designs no"
-        raise StructureError(f"{path}: {option} {what} observed residue of chains {design}")
-    tied = np.arange(len(features.mask))
-    for group in tied_groups(chains, design, starts, list(ties), homo_oligomer, path):
-        present = [i for i in group if features.mask[i]]
-        if not all(mutable[present]) and any(mutable[present]):
-            raise StructureError(
-                f"{path}: --tied_positions: a tie holds fixed and designed residues; fix all or none"
-            )
-        if len(present) > 1 and all(mutable[present]):
-            if (tied[present] != present).any():
-                raise StructureError(
-                    f"{path}: --tied_positions: a residue is in two ties; merge them into one"
-                )
-            tied[present] = present[0]
-    native = features.native
-    example = {
-        "X": features.X,
-        "mask": features.mask,
-        "residue_idx": features.residue_idx,
-        "chain_encoding": features.chain_encoding,
-        "native": native,
-        "mutable": mutable,
-        "weight": 1.0,
-        "index": 0,
-    }
-    context = context_atoms(structure, options)
-    example |= {"context_xyz": context.xyz.reshape(-1), "context_element": context.element}
-    numbers = [(c, number) for c in design for number in chains[c].numbers]
-    return Design(path, structure_name(path), design, lengths, example, tied, len(context), numbers)
 
 
 def sample_structure(
@@ -466,7 +261,7 @@ def prepare_designs(
 ) -> tuple[list[Design], Tensor]:
     """The designs of the structures at `paths` as the model of `model_config` reads them, and the logit
     bias; every input is checked here, before any sampling."""
-    fixed = parse_fixed_positions(config.fixed_positions)
+    fixed = parse_positions(config.fixed_positions)
     redesigned = parse_redesigned_residues(config.redesigned_residues) if config.redesigned_residues else None
     ties = parse_tied_positions(config.tied_positions)
     if ties and config.homo_oligomer:

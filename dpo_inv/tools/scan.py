@@ -17,13 +17,13 @@ from typing import Any
 import numpy as np
 
 from dpo_inv.data.batches import collate
+from dpo_inv.data.design import DesignSpace, read_design_space
 from dpo_inv.errors import OptionError
 from dpo_inv.models.mpnn import ProteinMPNN, derive_seed
 from dpo_inv.models.options import ModelOptions, ScoringOrderOptions, check_signs
 from dpo_inv.models.variants import conditional_log_probs, round_metric
 from dpo_inv.models.weights import as_model
 from dpo_inv.structures.parse import ALPHABET, AMINO_ACIDS
-from dpo_inv.tools.design_space import DesignSpace, read_design_space
 from dpo_inv.tools.heatmap import plot_scan
 from dpo_inv.tools.ridge import AugmentedRidge
 from dpo_inv.tools.score import check_ridge

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dpo_inv.data.dataset import structure_key
+from dpo_inv.data.design import Design, parse_positions, prepare_design
 from dpo_inv.data.records import DataError, raise_bad_records, read_records
 from dpo_inv.structures.parse import PROTEINMPNN_PARSE, ParseOptions, StructureError
-from dpo_inv.tools.sample import Design, parse_fixed_positions, prepare_design
 
 
 @dataclass(frozen=True)
@@ -34,7 +34,7 @@ def _design(data: dict, root: Path, options: ParseOptions) -> tuple[Design, list
     path, design_chains, fixed_chains = structure_key(data, root, ())
     fixed = data.get("fixed_positions") or []
     specs = [fixed] if isinstance(fixed, str) else [str(s) for s in fixed]
-    design = prepare_design(Path(path), design_chains, fixed_chains, parse_fixed_positions(specs), options)
+    design = prepare_design(Path(path), design_chains, fixed_chains, parse_positions(specs), options)
     return design, list(fixed_chains)
 
 
