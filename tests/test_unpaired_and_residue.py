@@ -63,7 +63,7 @@ def test_kto_and_apo_zero_formulas(loss_type, expected):
 
 
 def test_kto_metrics_average_each_label_apart():
-    policy = kto.SequenceLogps(logps=torch.tensor([-10.0, -12.0, -14.0]), kl=torch.zeros(3))
+    policy = kto.LabelledLogps(logps=torch.tensor([-10.0, -12.0, -14.0]), kl=torch.zeros(3))
     desirable = torch.tensor([True, False, False])
     rows = kto.columns(
         torch.tensor([0.1, 0.2, 0.3]), torch.tensor([1.0, -1.0, -2.0]), policy, desirable, torch.tensor(0.25)
@@ -96,10 +96,10 @@ def test_kl_term_is_the_exact_kl_of_the_per_position_distributions(labelled_batc
     ranks = batch_ranks(batch, seed=0, num_orders=2, decoding_order="random")
     policy, reference = load_model("vanilla/v_48_020"), load_model("soluble/v_48_020")
     with torch.no_grad():
-        same, same_ref = kto.sequence_logps(policy, policy, batch, ranks)
+        same, same_ref = kto.labelled_logps(policy, policy, batch, ranks)
         torch.testing.assert_close(same.logps, same_ref)
         torch.testing.assert_close(same.kl, torch.zeros(3), atol=1e-5, rtol=0)
-        out, ref_logps = kto.sequence_logps(policy, reference, batch, ranks)
+        out, ref_logps = kto.labelled_logps(policy, reference, batch, ranks)
         expected_kl, expected_logps = [], []
         for k in range(2):
             inputs = [batch[k] for k in ("X", "sequence", "mask", "residue_idx", "chain_encoding")]

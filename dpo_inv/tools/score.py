@@ -45,7 +45,7 @@ from dpo_inv.structures.context import empty_context_note
 from dpo_inv.structures.parse import ALPHABET
 from dpo_inv.tools.ridge import AugmentedRidge, model_fingerprint
 from dpo_inv.training.launch import resolve_device
-from dpo_inv.training.loss import PairLogps, batch_ranks, pair_logps
+from dpo_inv.training.loss import PairLogps, SequenceLogps, batch_ranks, sequence_logps
 
 if TYPE_CHECKING:
     import pandas
@@ -126,24 +126,20 @@ def score_dataset(
     dataset: ExampleDataset,
     config: ScoreOptions,
     device: torch.device,
-    columns: tuple[str, str] = ("chosen", "rejected"),
-) -> list[PairLogps]:
-    """Summed log p of two sequences (`columns`) of every record under each model, with the same decoding
-    orders."""
+    columns: tuple[str, ...] = ("chosen", "rejected"),
+) -> list[SequenceLogps]:
+    """Summed log p of the sequences `columns` names of every record under each model, with the same
+    decoding orders: `logps` [R, N], `num_positions` [R]."""
     loader = DataLoader(dataset, batch_size=config.batch_size, collate_fn=collate)
     results = [[] for _ in models]
     for batch in loader:
         batch = {k: v.to(device) for k, v in batch.items()}
         ranks = batch_ranks(batch, config.seed, config.num_orders, config.decoding_order)
         for model, result in zip(models, results, strict=True):
-            result.append(pair_logps(model, batch, ranks, columns))
+            scored = sequence_logps(model, batch, ranks, columns)
+            result.append((scored.logps.cpu(), scored.num_positions.cpu()))
     return [
-        PairLogps(
-            *(
-                torch.cat([getattr(r, name) for r in result]).cpu()
-                for name in ("chosen", "rejected", "num_positions")
-            )
-        )
+        SequenceLogps(torch.cat([logps for logps, _ in result]), torch.cat([count for _, count in result]))
         for result in results
     ]
 
@@ -210,7 +206,7 @@ def score_sequences(
     full = [i for i in range(len(rows)) if not (per_position and rows[i].get("wildtype_seq"))]
     if full:
         (logps,) = score_dataset([model], Subset(dataset, full), config, device, ("sequence", "wildtype"))
-        sequence, wildtype = logps.chosen, logps.rejected
+        sequence, wildtype = logps.logps[:, 0], logps.logps[:, 1]
         for j, i in enumerate(full):
             rows[i].update(
                 logp=float(sequence[j]), logp_per_residue=float(sequence[j] / logps.num_positions[j])
@@ -336,7 +332,7 @@ def score_records(
     table: list[dict] = []
     if is_pairs:
         models = [m.to(device).eval() for m in (model, *([reference] if reference is not None else []))]
-        policy, *reference_logps = score_dataset(models, dataset, config, device)
+        policy, *reference_logps = map(PairLogps.of, score_dataset(models, dataset, config, device))
         reference_logp = reference_logps[0] if reference_logps else None
         summary.update(score_pairs(rows, policy, reference_logp, config.beta))
     else:

@@ -17,7 +17,7 @@ from dpo_inv.models.sampling import sample_sequences
 from dpo_inv.models.variants import LabelledVariants, evaluate_variants
 from dpo_inv.training.checkpoints import TrainerState
 from dpo_inv.training.config import DPOConfig
-from dpo_inv.training.loss import batch_ranks, example_seeds, pair_logps
+from dpo_inv.training.loss import batch_ranks, example_seeds, sequence_logps
 from dpo_inv.training.objective import add_rows, step_metrics, summarize
 
 
@@ -42,8 +42,8 @@ def design_metrics(
         totals[:2] += torch.stack([((tokens == batch["native"]) & designed).sum(), designed.sum()])
         if native_logp:
             ranks = batch_ranks(batch, config.seed, 1, config.decoding_order)
-            logps = pair_logps(policy, batch, ranks, ("native", "native"))
-            totals[2:] += torch.stack([logps.chosen.sum(), logps.num_positions.sum()])
+            native = sequence_logps(policy, batch, ranks, ("native",))
+            totals[2:] += torch.stack([native.logps.sum(), native.num_positions.sum()])
     recovered, designed, logp, positions = accelerator.reduce(totals, "sum").tolist()
     return (recovered / designed if designed else math.nan, logp / positions if positions else math.nan)
 

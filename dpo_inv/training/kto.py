@@ -23,16 +23,16 @@ METRICS = ("loss", "rewards/chosen", "rewards/rejected", "rewards/margins", "log
 
 
 @dataclass
-class SequenceLogps:
+class LabelledLogps:
     """Summed log p of each sequence over its loss positions, and its KL term; averaged over orders."""
 
     logps: torch.Tensor  # [B]
     kl: torch.Tensor  # [B], detached
 
 
-def sequence_logps(
+def labelled_logps(
     model: torch.nn.Module, reference: torch.nn.Module, batch: dict[str, torch.Tensor], ranks: torch.Tensor
-) -> tuple[SequenceLogps, torch.Tensor]:
+) -> tuple[LabelledLogps, torch.Tensor]:
     """The policy's log p and KL term of each labelled sequence (`batch["sequence"]`), and the reference's
     log p. `ranks` is [B, K, L]."""
     num_orders = ranks.shape[1]
@@ -48,7 +48,7 @@ def sequence_logps(
 
     detached = log_probs.detach()
     kl = summed((detached.exp() * (detached - ref_log_probs)).sum(-1))
-    policy = SequenceLogps(logps=summed(sequence_log_probs(log_probs, sequences)), kl=kl)
+    policy = LabelledLogps(logps=summed(sequence_log_probs(log_probs, sequences)), kl=kl)
     return policy, summed(sequence_log_probs(ref_log_probs, sequences))
 
 
@@ -86,7 +86,7 @@ def kto_loss(
 def columns(
     losses: torch.Tensor,
     rewards: torch.Tensor,
-    policy: SequenceLogps,
+    policy: LabelledLogps,
     desirable: torch.Tensor,
     z0: torch.Tensor,
 ) -> torch.Tensor:

@@ -1,8 +1,9 @@
-"""Paired preference losses (TRL's DPO formulas and names, and residue-level ResiDPO) and the
-log-probabilities of preference pairs."""
+"""Paired preference losses (TRL's DPO formulas and names, and residue-level ResiDPO); the log-probabilities
+of sequences of one structure, and of preference pairs."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -17,6 +18,17 @@ METRICS = ("loss", "rewards/chosen", "rewards/rejected", "rewards/accuracies", "
 
 
 @dataclass
+class SequenceLogps:
+    """Summed log p of N sequences of each structure over the loss positions, averaged over decoding orders;
+    `num_positions` per structure; the per-position terms of the sums (zero outside the loss positions)."""
+
+    logps: torch.Tensor  # [B, N]
+    num_positions: torch.Tensor  # [B]
+    tokens: torch.Tensor | None = None  # [B, N, L]
+    first_distributions: torch.Tensor | None = None  # [B, L, 21]: first sequence, first order, each letter
+
+
+@dataclass
 class PairLogps:
     """Summed log p over the loss positions, averaged over decoding orders; `num_positions` per pair;
     the per-position terms of the sums where they were kept (zero outside the loss positions)."""
@@ -27,6 +39,19 @@ class PairLogps:
     chosen_tokens: torch.Tensor | None = None  # [B, L]
     rejected_tokens: torch.Tensor | None = None  # [B, L]
     chosen_distributions: torch.Tensor | None = None  # [B, L, 21]: log p of every amino acid, first order
+
+    @classmethod
+    def of(cls, scored: SequenceLogps) -> PairLogps:
+        """The pairs of `scored`, the log p of their two sequences (`chosen`, `rejected`)."""
+        tokens = scored.tokens
+        return cls(
+            chosen=scored.logps[:, 0],
+            rejected=scored.logps[:, 1],
+            num_positions=scored.num_positions,
+            chosen_tokens=None if tokens is None else tokens[:, 0],
+            rejected_tokens=None if tokens is None else tokens[:, 1],
+            chosen_distributions=scored.first_distributions,
+        )
 
 
 def anchor_kl(policy: PairLogps, reference: PairLogps, positions: torch.Tensor) -> torch.Tensor:
@@ -70,33 +95,38 @@ def batch_ranks(
     return decoding_ranks(batch["decode_mask"], batch["mask"], seeds, num_orders, batch["length"].tolist())
 
 
-def pair_logps(
+def sequence_logps(
     model: torch.nn.Module,
     batch: dict[str, torch.Tensor],
     ranks: torch.Tensor,
-    columns: tuple[str, str] = ("chosen", "rejected"),
-) -> PairLogps:
-    """Score two sequences of each example under each decoding order: the preferred and dispreferred one of
-    a pair, or the two `columns` named (a variant and its wild type: ``("sequence", "wildtype")``).
+    columns: Sequence[str] = ("sequence",),
+) -> SequenceLogps:
+    """Score N sequences of each example's structure, the `columns` named (one sequence, a variant and its
+    wild type, the two of a pair), under each decoding order.
 
-    `ranks` is [B, K, L] (K decoding orders); the structure is encoded once for all 2K sequences.
+    `ranks` is [B, K, L] (K decoding orders); the structure is encoded once for all N x K sequences.
     """
-    num_orders = ranks.shape[1]
-    sequences = torch.stack([batch[columns[0]], batch[columns[1]]], dim=1)  # [B, 2, L]
-    sequences = sequences.repeat_interleave(num_orders, dim=1)  # [B, 2K, L]: chosen x K, rejected x K
-    log_probs = model(S=sequences, ranks=ranks.repeat(1, 2, 1), **structure_inputs(batch))  # [B, 2K, L, 21]
-    token = log_probs.float().gather(-1, sequences.unsqueeze(-1)).squeeze(-1)  # [B, 2K, L]
+    num_orders, count = ranks.shape[1], len(columns)
+    sequences = torch.stack([batch[column] for column in columns], dim=1)  # [B, N, L]
+    sequences = sequences.repeat_interleave(num_orders, dim=1)  # [B, NK, L]: each sequence K times
+    log_probs = model(
+        S=sequences, ranks=ranks.repeat(1, count, 1), **structure_inputs(batch)
+    )  # [B, NK, L, 21]
+    token = log_probs.float().gather(-1, sequences.unsqueeze(-1)).squeeze(-1)  # [B, NK, L]
     B, L = token.shape[0], token.shape[-1]
-    per_position = (token * batch["loss_mask"].unsqueeze(1)).view(B, 2, num_orders, L).mean(2)
-    summed = per_position.sum(-1)
-    return PairLogps(
-        chosen=summed[:, 0],
-        rejected=summed[:, 1],
+    per_position = (token * batch["loss_mask"].unsqueeze(1)).view(B, count, num_orders, L).mean(2)
+    return SequenceLogps(
+        logps=per_position.sum(-1),
         num_positions=batch["loss_mask"].sum(-1),
-        chosen_tokens=per_position[:, 0],
-        rejected_tokens=per_position[:, 1],
-        chosen_distributions=log_probs[:, 0].float(),
+        tokens=per_position,
+        first_distributions=log_probs[:, 0].float(),
     )
+
+
+def pair_logps(model: torch.nn.Module, batch: dict[str, torch.Tensor], ranks: torch.Tensor) -> PairLogps:
+    """Score the preferred and the dispreferred sequence of each pair under each decoding order (`ranks`
+    [B, K, L]); the structure is encoded once for all 2K sequences."""
+    return PairLogps.of(sequence_logps(model, batch, ranks, ("chosen", "rejected")))
 
 
 def _log_ratios(policy: PairLogps, reference: PairLogps | None) -> tuple[torch.Tensor, torch.Tensor]:

@@ -111,7 +111,7 @@ def unpaired_step(
     accelerator: Accelerator | None,
 ) -> tuple[torch.Tensor, Rows]:
     """KTO or APO-zero on labelled sequences, z0 the batch's KL term averaged over all processes."""
-    policy, ref_logps = kto.sequence_logps(model, reference, batch, ranks)
+    policy, ref_logps = kto.labelled_logps(model, reference, batch, ranks)
     kl = accelerator.gather(policy.kl) if accelerator is not None else policy.kl
     z0 = kl.mean().clamp(min=0)
     desirable = batch["label"] > 0
