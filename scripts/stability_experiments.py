@@ -95,6 +95,11 @@ RUNS = {
     "lora_r8_lr2e-3_anchor0.1": (("same_position", 1, 200, ""), lora(8, "2e-3", 0.1)),
     "lora_r8_lr2e-4_anchor0.1": (("same_position", 1, 200, ""), lora(8, "2e-4", 0.1)),
     "lora_r8_lr1e-4_anchor0.1": (("same_position", 1, 200, ""), lora(8, "1e-4", 0.1)),
+    "lora_r8_lr1e-4_anchor0.1_600steps": (("same_position", 1, 200, ""),
+                                          lora(8, "1e-4", 0.1) + " --max_steps 600"),
+    "lora_r8_lr1.5e-4_anchor0.1": (("same_position", 1, 200, ""), lora(8, "1.5e-4", 0.1)),
+    "lora_r8_lr2e-4_anchor0.2": (("same_position", 1, 200, ""), lora(8, "2e-4", 0.2)),
+    "lora_r16_lr1e-4_anchor0.1": (("same_position", 1, 200, ""), lora(16, "1e-4", 0.1)),
     # the decoder's layers only, the encoder and the output head frozen (a target "W_out" would also take the
     # encoder layers' dense.W_out: a name matches every module whose name ends with it)
     "lora_r8_decoder_lr5e-4_anchor0.1": (("same_position", 1, 200, ""), lora(8, "5e-4", 0.1, DECODER)),
