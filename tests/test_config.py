@@ -184,7 +184,7 @@ def test_every_command_has_a_description_and_its_name(command):
     assert usage.startswith(f"usage: python -m dpo_inv {command} ")
     assert rest.startswith(f"`python -m dpo_inv {command}")
     negations = re.findall(r"--no_(\w+), --no-[\w-]+\n\s+(.*)\n", result.stdout)
-    assert negations or command in ("pairs", "propose", "plot", "scan")  # these have no option on by default
+    assert negations or command in ("pairs", "propose", "plot", "scan", "merge")  # no option on by default
     assert all(text == f"Turn --{name} off." for name, text in negations)
 
 
