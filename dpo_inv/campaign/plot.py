@@ -59,63 +59,16 @@ def plot_campaign(path: Path, outcomes: list[RoundOutcome], lower_is_better: boo
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from matplotlib.ticker import MaxNLocator
 
     figure, (left, right) = plt.subplots(1, 2, figsize=(11, 5), layout="constrained")
     colors = round_colors([o.round for o in outcomes])
-    rng = np.random.default_rng(0)
-    best, points = None, []
-    for outcome in outcomes:
-        rho = outcome.predictions_spearman()
-        label = f"round {outcome.round}" + (" (before the campaign)" if outcome.round == 0 else "")
-        label += f": {len(outcome.values)} measured" + (f", Spearman {rho:.2f}" if rho is not None else "")
-        x = outcome.round + rng.uniform(-0.18, 0.18, len(outcome.values))
-        left.scatter(x, outcome.values, s=12, alpha=0.7, color=colors[outcome.round], linewidths=0,
-                     label=label)  # fmt: skip
-        here = outcome.best(lower_is_better)
-        if here is not None:
-            best = here if best is None else (min if lower_is_better else max)(best, here)
-        if best is not None:
-            points.append((outcome.round, best))
-    if points:
-        left.plot(*zip(*points, strict=True), "o-", color="black", markersize=4, linewidth=1.2,
-                  label="best so far")  # fmt: skip
-    rounds = [o.round for o in outcomes]
-    left.xaxis.set_major_locator(MaxNLocator(integer=True))
-    left.set_xlim(min(rounds) - 0.5, max(rounds) + 0.5)
-    left.set_xlabel("round")
-    left.set_ylabel("measured value" + (" (lower is better)" if lower_is_better else ""))
-    left.set_title("what each round measured", fontsize=10)
-    left.grid(alpha=0.3)
-    predicted = [o for o in outcomes if len(o.measured) and not np.isnan(o.predicted).any()]
-    for outcome in predicted[:-1]:  # earlier rounds: their points alone
-        right.scatter(outcome.predicted, outcome.measured, s=16, alpha=0.55, color=colors[outcome.round],
-                      linewidths=0)  # fmt: skip
-    if predicted:
-        last = predicted[-1]
-        right.errorbar(last.predicted, last.measured, xerr=last.uncertainty, fmt="none", elinewidth=0.7,
-                       alpha=0.35, color=colors[last.round])  # fmt: skip
-        right.scatter(last.predicted, last.measured, s=26, color=colors[last.round], edgecolors="black",
-                      linewidths=0.5, zorder=3)  # fmt: skip
-        low = min(min(o.predicted.min(), o.measured.min()) for o in predicted)
-        high = max(max(o.predicted.max(), o.measured.max()) for o in predicted)
-        right.plot([low, high], [low, high], color="grey", linewidth=0.8, linestyle="--",
-                   label="predicted = measured")  # fmt: skip
-        right.set_xlabel(f"predicted (bars: round {last.round}'s uncertainty)")
-    else:
-        note = "no round picked by the predictor\nhas been measured yet"
-        right.text(0.5, 0.5, note, ha="center", va="center", transform=right.transAxes, fontsize=9)
-        right.set_xlabel("predicted")
-        right.set_xticks([])
-        right.set_yticks([])
+    measured_panel(left, outcomes, colors, lower_is_better)
+    predicted = predictions_panel(right, outcomes, colors)
     if parent_value is not None:
         for axes in (left, right) if predicted else (left,):
             axes.axhline(
                 parent_value, color="#c44e52", linewidth=1, linestyle="-.", label="parent (measured)"
             )
-    right.set_ylabel("measured")
-    right.set_title("predictions against what came back", fontsize=10)
-    right.grid(alpha=0.3)
     handles, labels = left.get_legend_handles_labels()
     for handle, label in zip(*right.get_legend_handles_labels(), strict=True):
         if label not in labels:  # the parent's line is on both panels
@@ -127,6 +80,68 @@ def plot_campaign(path: Path, outcomes: list[RoundOutcome], lower_is_better: boo
     figure.suptitle(title, fontsize=10)
     figure.savefig(path, dpi=130)
     plt.close(figure)
+
+
+def measured_panel(
+    axes: Any, outcomes: list[RoundOutcome], colors: dict[int, Any], lower_is_better: bool
+) -> None:
+    """What each round measured, jittered around its round, and the best so far."""
+    from matplotlib.ticker import MaxNLocator
+
+    rng = np.random.default_rng(0)
+    best, points = None, []
+    for outcome in outcomes:
+        rho = outcome.predictions_spearman()
+        label = f"round {outcome.round}" + (" (before the campaign)" if outcome.round == 0 else "")
+        label += f": {len(outcome.values)} measured" + (f", Spearman {rho:.2f}" if rho is not None else "")
+        x = outcome.round + rng.uniform(-0.18, 0.18, len(outcome.values))
+        axes.scatter(x, outcome.values, s=12, alpha=0.7, color=colors[outcome.round], linewidths=0,
+                     label=label)  # fmt: skip
+        here = outcome.best(lower_is_better)
+        if here is not None:
+            best = here if best is None else (min if lower_is_better else max)(best, here)
+        if best is not None:
+            points.append((outcome.round, best))
+    if points:
+        axes.plot(*zip(*points, strict=True), "o-", color="black", markersize=4, linewidth=1.2,
+                  label="best so far")  # fmt: skip
+    rounds = [o.round for o in outcomes]
+    axes.xaxis.set_major_locator(MaxNLocator(integer=True))
+    axes.set_xlim(min(rounds) - 0.5, max(rounds) + 0.5)
+    axes.set_xlabel("round")
+    axes.set_ylabel("measured value" + (" (lower is better)" if lower_is_better else ""))
+    axes.set_title("what each round measured", fontsize=10)
+    axes.grid(alpha=0.3)
+
+
+def predictions_panel(axes: Any, outcomes: list[RoundOutcome], colors: dict[int, Any]) -> list[RoundOutcome]:
+    """Each round's predictions against what came back, the last round's uncertainty as bars; returns the
+    rounds drawn (those picked by the predictor and measured)."""
+    predicted = [o for o in outcomes if len(o.measured) and not np.isnan(o.predicted).any()]
+    for outcome in predicted[:-1]:  # earlier rounds: their points alone
+        axes.scatter(outcome.predicted, outcome.measured, s=16, alpha=0.55, color=colors[outcome.round],
+                     linewidths=0)  # fmt: skip
+    if predicted:
+        last = predicted[-1]
+        axes.errorbar(last.predicted, last.measured, xerr=last.uncertainty, fmt="none", elinewidth=0.7,
+                      alpha=0.35, color=colors[last.round])  # fmt: skip
+        axes.scatter(last.predicted, last.measured, s=26, color=colors[last.round], edgecolors="black",
+                     linewidths=0.5, zorder=3)  # fmt: skip
+        low = min(min(o.predicted.min(), o.measured.min()) for o in predicted)
+        high = max(max(o.predicted.max(), o.measured.max()) for o in predicted)
+        axes.plot([low, high], [low, high], color="grey", linewidth=0.8, linestyle="--",
+                  label="predicted = measured")  # fmt: skip
+        axes.set_xlabel(f"predicted (bars: round {last.round}'s uncertainty)")
+    else:
+        note = "no round picked by the predictor\nhas been measured yet"
+        axes.text(0.5, 0.5, note, ha="center", va="center", transform=axes.transAxes, fontsize=9)
+        axes.set_xlabel("predicted")
+        axes.set_xticks([])
+        axes.set_yticks([])
+    axes.set_ylabel("measured")
+    axes.set_title("predictions against what came back", fontsize=10)
+    axes.grid(alpha=0.3)
+    return predicted
 
 
 def round_colors(rounds: list[int]) -> dict[int, Any]:
