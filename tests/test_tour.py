@@ -65,6 +65,7 @@ SKIPPED = {
     ("docs/stability.md", "python -m dpo_inv pairs outputs/stability"): "make stability's steps (12 minutes)",
     ("docs/stability.md", "python -m dpo_inv.run --config configs/stability.yaml"): "make stability (12 min)",
     ("docs/stability.md", "python -m dpo_inv score --model outputs/stability"): "make stability's model",
+    ("docs/stability.md", "python scripts/stability_experiments.py"): "the experiments: hours on 2 cores",
     **{(page, line): reason for page, line, reason in EXAMPLE_RAN},
 }
 
