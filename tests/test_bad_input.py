@@ -252,8 +252,10 @@ def test_an_eval_file_of_bad_structures_stops_training_with_one_line_each(tmp_pa
         cwd=ROOT, env=env(tmp_path), capture_output=True, text=True,
     )  # fmt: skip
     assert result.returncode == EXIT_BAD_INPUT and "Traceback" not in result.stderr
-    reported = [line for line in result.stderr.splitlines() if line.startswith(str(bad))]
-    assert [line.split(": ")[0] for line in reported] == [f"{bad}:{i}" for i in (1, 2, 3)]
+    prefix = "python -m dpo_inv.run: error: "
+    reported = [line for line in result.stderr.splitlines() if line.startswith(f"{prefix}{bad}")]
+    records = [line.removeprefix(prefix).split(": ")[0] for line in reported]
+    assert records == [f"{bad}:{i}" for i in (1, 2, 3)]
 
 
 @pytest.mark.slow

@@ -306,7 +306,10 @@ def test_a_second_job_on_the_same_output_dir_refuses_naming_the_first(tmp_path, 
     assert (
         second.stderr.strip()
         .splitlines()[-1]
-        .startswith(f"{output} is in use by another job (pid {first.pid} on {socket.gethostname()}, started ")
+        .startswith(
+            f"python -m dpo_inv.run: error: {output} is in use by another job (pid {first.pid} on "
+            f"{socket.gethostname()}, started "
+        )
     )
     assert f"see {output / 'run.lock'}): wait for it to end, or give another output_dir" in second.stderr
     assert first.poll() is None and [m["step"] for m in metrics(output)] == list(

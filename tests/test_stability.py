@@ -118,9 +118,10 @@ def test_bad_variants_and_metric_options_stop_with_one_line(tmp_path):
     result = subprocess.run([*command, "--eval_variants_file", path], cwd=ROOT, env=env(tmp_path),
                             capture_output=True, text=True)  # fmt: skip
     assert result.returncode == 2 and "Traceback" not in result.stderr
+    error = "python -m dpo_inv.run: error:"
     assert result.stderr.strip().splitlines()[-2:] == [
-        f"{path}:2: label must be a finite number (higher = better), got 'high'",
-        f"{path}:3: missing wildtype_seq: a labelled variant needs its wild type",
+        f"{error} {path}:2: label must be a finite number (higher = better), got 'high'",
+        f"{error} {path}:3: missing wildtype_seq: a labelled variant needs its wild type",
     ]
     result = subprocess.run([*command, "--metric_for_best_model", "spearman"], cwd=ROOT, env=env(tmp_path),
                             capture_output=True, text=True)  # fmt: skip
