@@ -116,6 +116,7 @@ def test_adapt_trains_combinations_on_the_joint_score(model):
     assert len(one.states.h_V) < len(variants.states.h_V)
 
 
+@pytest.mark.slow
 def test_propose_adapts_on_measured_combinations_when_asked(tmp_path, model):
     """`adapt="yes"` on 30 measured double mutants (labelled by the sum of their singles' measured
     stabilities): the round adapts (round_1/adapt.json) and scores the candidates with what it kept."""
