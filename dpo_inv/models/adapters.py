@@ -19,7 +19,7 @@ from safetensors.torch import load_file
 from torch import Tensor, nn
 
 from dpo_inv.errors import OptionError
-from dpo_inv.models.mpnn import ProteinMPNN
+from dpo_inv.models.mpnn import ProteinMPNN, ProteinMPNNConfig
 
 ADAPTER_CONFIG = "adapter_config.json"  # peft's: the adapter's settings and base_model_name_or_path
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
@@ -145,13 +145,13 @@ def add_adapter(
     name = model.config.name_or_path
     base = str(Path(name).resolve()) if Path(name).exists() else name  # loads from any working directory
     targets = targets or DEFAULT_TARGETS
+    if not isinstance(targets, str):  # a regular expression is peft's to match
+        targets = module_names(model, targets, "lora_target_modules", nn.Linear)
     config = LoraConfig(
         r=r,
         lora_alpha=alpha,
         lora_dropout=dropout,
-        target_modules=targets
-        if isinstance(targets, str)
-        else module_names(model, targets, "lora_target_modules", nn.Linear),
+        target_modules=targets,
         modules_to_save=module_names(model, modules_to_save or (), "lora_modules_to_save") or None,
         base_model_name_or_path=base,
     )
@@ -249,7 +249,7 @@ class WithoutAdapters(nn.Module):
         self.__dict__["policy"] = policy  # not a submodule: nothing here to train, move or save
 
     @property
-    def config(self):  # noqa: ANN201 (the policy's ProteinMPNNConfig)
+    def config(self) -> ProteinMPNNConfig:
         return self.policy.config
 
     def forward(self, **inputs: Tensor) -> Tensor:

@@ -240,15 +240,15 @@ def load_adapters(adapters: Mapping[str, str | os.PathLike]) -> PeftModel:
     """One base model carrying several adapter folders, each under its name (``model.set_adapter(name)``
     switches; ``with model.disable_adapter():`` is the base): an adapter per objective, one copy of the
     weights. Every adapter must have been trained on that same base model."""
-    names = {name: adapter_base(path) for name, path in adapters.items()}
-    if len(set(names.values())) > 1:
-        trained_on = ", ".join(f"{name} on {base}" for name, base in names.items())
+    bases = {name: adapter_base(path) for name, path in adapters.items()}
+    if len(set(bases.values())) > 1:
+        trained_on = ", ".join(f"{name} on {base}" for name, base in bases.items())
         raise OptionError(
             f"the adapters were trained on different base models ({trained_on}); one base carries only "
             "adapters trained on it: load the others apart (load_model)"
         )
     (first, path), *rest = adapters.items()
-    model = load_adapter(path, load_model(names[first]), name=first)
+    model = load_adapter(path, load_model(bases[first]), name=first)
     for name, path in rest:
         check_base(Path(path), model.get_base_model())
         model.load_adapter(path, adapter_name=name)
