@@ -520,6 +520,10 @@ def test_rounds_measured_by_a_function_from_python_and_the_shell(tmp_path, model
         assert [float(line.split(",")[1]) for line in measured] == [labels[m] for m in mutations]
         proposed += mutations
     assert len(set(proposed)) == 24 and not set(proposed) & {r["mutation"] for r in rows[:24]}
+    best = [line.split(",") for line in (tmp_path / "c" / "best.csv").read_text().splitlines()[1:]]
+    everything = sorted((labels[m] for m in proposed + [r["mutation"] for r in rows[:24]]), reverse=True)
+    assert [float(value) for _, value, _ in best] == everything[:10]  # the last round's measurements too
+    assert "3" in {n for _, _, n in best}
     picture = tmp_path / "c" / "campaign.png"  # drawn again once the last round is measured
     assert picture.stat().st_mtime >= (tmp_path / "c" / "round_3" / "measurements.csv").stat().st_mtime
     (tmp_path / "oracle.py").write_text(

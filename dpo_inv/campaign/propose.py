@@ -12,7 +12,7 @@ import csv
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -237,16 +237,34 @@ def draw_or_note(folder: CampaignFolder, config: ProposeConfig, outcomes: list[R
         return None
 
 
-def plot_campaign_folder(path: str | Path) -> Path:
-    """Draw `campaign.png` of the campaign in ``path`` (what `python -m dpo_inv plot DIR` does there); a
-    campaign with nothing measured yet is bad input."""
+@dataclass(frozen=True)
+class Campaign:
+    """A campaign folder read back: its settings, design space and everything measured in it."""
+
+    config: ProposeConfig
+    space: DesignSpace
+    folder: CampaignFolder
+    measured: list[MeasuredRound]
+    history: History
+
+
+def read_campaign(path: str | Path) -> Campaign:
+    """The campaign in folder ``path``, as its `campaign.json` and rounds hold it."""
     config = settle_campaign(ProposeConfig(campaign=str(path)))
     space, _ = read_design_space(config.structure, config.chain_id, config.positions, config.allowed_aas,
                                  config.max_mutations, config.parent)  # fmt: skip
     folder = CampaignFolder(Path(path))
     measured = folder.measured_rounds(config.score_field)
-    history = read_history(space, measured, listed=config.candidates is not None)
-    outcomes = campaign_outcomes(measured, history)
+    return Campaign(config, space, folder, measured,
+                    read_history(space, measured, listed=config.candidates is not None))  # fmt: skip
+
+
+def plot_campaign_folder(path: str | Path) -> Path:
+    """Draw `campaign.png` of the campaign in ``path`` (what `python -m dpo_inv plot DIR` does there); a
+    campaign with nothing measured yet is bad input."""
+    campaign = read_campaign(path)
+    config, space, folder, history = campaign.config, campaign.space, campaign.folder, campaign.history
+    outcomes = campaign_outcomes(campaign.measured, history)
     parent_value = history.value_of(space.parent)
     if not outcomes:
         raise MeasurementError(
@@ -277,7 +295,9 @@ def run_campaign(config: ProposeConfig, models: list[ProteinMPNN] | None = None,
             )
             folder.write_summary(summary["round"], summary)
         summaries.append(summary)
-    if measured:  # the last round's measurements drawn too
+    if measured:  # the last round's measurements in best.csv and drawn too
+        done = read_campaign(config.campaign)
+        folder.write_best(done.history.best(done.space, done.config.lower_is_better))
         try:
             summaries[-1]["picture"] = str(plot_campaign_folder(config.campaign))
             folder.write_summary(summaries[-1]["round"], summaries[-1])
