@@ -263,15 +263,13 @@ def plot_campaign_folder(path: str | Path) -> Path:
     """Draw `campaign.png` of the campaign in ``path`` (what `python -m dpo_inv plot DIR` does there); a
     campaign with nothing measured yet is bad input."""
     campaign = read_campaign(path)
-    config, space, folder, history = campaign.config, campaign.space, campaign.folder, campaign.history
-    outcomes = campaign_outcomes(campaign.measured, history)
-    parent_value = history.value_of(space.parent)
+    outcomes = campaign_outcomes(campaign.measured, campaign.history)
     if not outcomes:
         raise MeasurementError(
-            f"{folder.path}: nothing measured yet, nothing to draw: write a round's measurements "
+            f"{campaign.folder.path}: nothing measured yet, nothing to draw: write a round's measurements "
             "(round_N/measurements.csv), then plot"
         )
-    return draw(folder, config, outcomes, parent_value)
+    return draw(campaign.folder, campaign.config, outcomes, campaign.history.value_of(campaign.space.parent))
 
 
 def run_campaign(config: ProposeConfig, models: list[ProteinMPNN] | None = None,
@@ -298,11 +296,10 @@ def run_campaign(config: ProposeConfig, models: list[ProteinMPNN] | None = None,
     if measured:  # the last round's measurements in best.csv and drawn too
         done = read_campaign(config.campaign)
         folder.write_best(done.history.best(done.space, done.config.lower_is_better))
-        try:
-            summaries[-1]["picture"] = str(plot_campaign_folder(config.campaign))
-            folder.write_summary(summaries[-1]["round"], summaries[-1])
-        except ImportError:
-            print("propose: campaign.png needs matplotlib: pip install matplotlib", file=sys.stderr)
+        outcomes = campaign_outcomes(done.measured, done.history)
+        parent_value = done.history.value_of(done.space.parent)
+        summaries[-1]["picture"] = draw_or_note(folder, done.config, outcomes, parent_value)
+        folder.write_summary(summaries[-1]["round"], summaries[-1])
     return summaries
 
 
