@@ -4,6 +4,7 @@
     python scripts/benchmark.py --lengths 100 200 400 800 1500 --batch_sizes 1   # growth with length
     python scripts/benchmark.py --lengths 150 600 --batch_sizes 8 16 32 64 --mixed_precision bf16
     python scripts/benchmark.py --find_max_length --batch_sizes 1     # the longest structure that trains
+    python scripts/benchmark.py --file_batch_sizes 8 32 --lengths 150 --batch_sizes 32 128   # both, one load
 
 Every `DPOConfig` field is an option too (`--config FILE.yaml`, `--mixed_precision`,
 `--precompute_ref_log_probs`, `--num_decoding_orders`, `--dataloader_num_workers`, `--torch_compile`, ...).
@@ -15,7 +16,8 @@ gradient clipping, optimizer step); it times `steps` of them after `warmup` unti
 Data. Without `--lengths`: `train_file` (the bundled example by default) with its pairs repeated to
 `num_pairs`. With `--lengths`: for each length L, one structure of exactly L residues of real geometry, the
 five-chain complex `base_structure` cut after L residues, or repeated (copy k moved k x 250 Å) beyond its 815;
-all chains designed, sequences random. Both go through `load_records`: parsed once, then read from the Arrow
+all chains designed, sequences random; `--file_batch_sizes` measures `train_file` too, first, in the same
+process (one model load). Both go through `load_records`: parsed once, then read from the Arrow
 cache in `work_dir`.
 
 Output: one JSON line per measurement: device, world size, batch size, mean residues per structure, padding,
@@ -87,6 +89,14 @@ class Options:
     num_pairs: int = _help(4096, "Without --lengths: repeat the train_file's pairs to this many.")
     lengths: list[int] | None = _help(None, "Structure lengths in residues, e.g. 100 200 400 800 1500.")
     batch_sizes: list[int] | None = _help(None, "Per-device batches; default per_device_train_batch_size.")
+    file_batch_sizes: list[int] | None = _help(
+        None, "With --lengths: measure the train_file (repeated to num_pairs) too, first, at these batches."
+    )
+    min_seconds: float = _help(
+        0.0,
+        "Time micro-batches past --steps until this many seconds have passed (GPU utilisation is "
+        "sampled every 0.2 s).",
+    )
     length_grouping: bool = _help(True, "Length-grouped batches as in training; false: random batches.")
     find_max_length: bool = _help(False, "Find the longest structure that trains, at each batch size.")
     max_memory_gb: float | None = _help(
@@ -223,7 +233,7 @@ def peak_memory(device: torch.device) -> float:
 
 
 class Utilisation(threading.Thread):
-    """Mean GPU utilisation, sampled every 0.5 s: torch.cuda.utilization (nvidia-ml-py) or nvidia-smi."""
+    """Mean GPU utilisation, sampled every 0.2 s: torch.cuda.utilization (nvidia-ml-py) or nvidia-smi."""
 
     def __init__(self, device: torch.device) -> None:
         super().__init__(daemon=True)
@@ -241,7 +251,7 @@ class Utilisation(threading.Thread):
                 return None
 
     def run(self) -> None:
-        while not self.done.wait(0.5) and (value := self.sample()) is not None:
+        while not self.done.wait(0.2) and (value := self.sample()) is not None:
             self.samples.append(value)
 
     def stop(self) -> float | None:
@@ -363,7 +373,7 @@ def measure(trainer: Trainer, data: RecordSet, batch_size: int, options: Options
     ENCODES.clear()
     parses_before = PARSES.value
     step_seconds, load_seconds, residues, padded, pairs = [], [], 0, 0, 0
-    for _ in range(options.steps):
+    while len(step_seconds) < options.steps or sum(step_seconds) < options.min_seconds:
         start = time.perf_counter()
         epoch, batch = next(stream)
         loaded = time.perf_counter()
@@ -392,7 +402,10 @@ def measure(trainer: Trainer, data: RecordSet, batch_size: int, options: Options
         "memory_before_steps_mb": round(memory_before, 1),
         "memory_kind": "cuda_max_allocated" if device.type == "cuda" else "process_peak_rss",
         "gpu_utilization_percent": utilisation.stop() if utilisation is not None else None,
-        "encoder_passes_per_step": {name: ENCODES[name] / options.steps for name in ("policy", "reference")},
+        "timed_steps": len(step_seconds),
+        "encoder_passes_per_step": {
+            name: ENCODES[name] / len(step_seconds) for name in ("policy", "reference")
+        },
         "structure_parses_in_loop": PARSES.value - parses_before,
     }
 
@@ -435,6 +448,7 @@ def main() -> None:
         "world_size": accelerator.num_processes,
         "setup": setup,
         "mixed_precision": config.mixed_precision,
+        "fused_kernels": config.fused_kernels,
         "torch_compile": config.torch_compile,
         "precompute_ref_log_probs": config.precompute_ref_log_probs,
         "use_peft": config.use_peft,
@@ -466,10 +480,12 @@ def main() -> None:
 
             emit(find_max_length(trainer, options, batch_size, data_of_length))
         return
-    if not options.lengths:  # throughput on the (scaled-up) training file
+    if not options.lengths or options.file_batch_sizes:  # throughput on the (scaled-up) training file
         data, loaded = load(lambda: scaled_pairs(config.train_file, options.num_pairs, work_dir))
-        for batch_size in batch_sizes:
+        for batch_size in options.file_batch_sizes or batch_sizes:
             emit({**loaded, **try_measure(trainer, data, batch_size, options)})
+        del data
+    if not options.lengths:
         return
     sweep: dict[int, list[dict]] = {batch_size: [] for batch_size in batch_sizes}
     num_pairs = (options.warmup + options.steps) * max(batch_sizes) * accelerator.num_processes

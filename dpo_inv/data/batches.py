@@ -169,3 +169,85 @@ class LengthGroupedSampler(Sampler[int]):
         generator = torch.Generator().manual_seed(self.seed + self.epoch)
         order = get_length_grouped_indices(self.lengths, self.batch_size, generator=generator)
         return iter(np.asarray(order))
+
+
+class LengthSortedSampler(Sampler[int]):
+    """Indices from the longest example to the shortest, examples of equal length in a new random order for
+    each (seed, epoch): call `set_epoch` before each epoch."""
+
+    def __init__(self, lengths: Sequence[int], seed: int) -> None:
+        self.lengths = np.asarray(lengths, dtype=np.int64)
+        self.seed = seed
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def epoch_generator(self) -> torch.Generator:
+        """The epoch's random numbers: the order of equal lengths, then whatever the caller draws. (Not named
+        `generator`: Accelerate takes a sampler's `generator` for a torch.Generator to synchronise.)"""
+        return torch.Generator().manual_seed(self.seed + self.epoch)
+
+    def order(self, generator: torch.Generator) -> np.ndarray:
+        shuffled = torch.randperm(len(self.lengths), generator=generator).numpy()
+        return shuffled[np.argsort(-self.lengths[shuffled], kind="stable")]
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.order(self.epoch_generator()))
+
+
+class ResidueBatchSampler(Sampler[list[int]]):
+    """Micro-batches measured in residues, as ProteinMPNN's own training batches are (about 10,000): each
+    holds as many examples as fit `budget`, counted as memory grows: examples × the longest (padded) length.
+    An example longer than the budget is a micro-batch alone.
+
+    As ProteinMPNN's loader does, the examples are sorted by length (equal lengths in a new order each epoch)
+    and cut into batches, which come in a new order each epoch (the one with the longest structure first,
+    so that a device too small for it fails at once). With `num_processes` > 1 the batches are global ones:
+    `num_processes` micro-batches in a row, one per rank (Accelerate deals rank r the r-th of each), with the
+    same number of examples (the collectives of a step need that) of similar lengths (taken in turn from the
+    sorted examples), each within `budget`. Where the last global batch's examples do not divide evenly among
+    the ranks, it is filled up with repeats of its own examples (fewer than `num_processes`), as Accelerate
+    fills the last batch of `per_device_train_batch_size` pairs. The batches are a function of the lengths,
+    the seed and the epoch (`set_epoch`, also reached through `sampler` as Accelerate's data loaders do), and
+    their number is the same in every epoch.
+    """
+
+    def __init__(self, lengths: Sequence[int], budget: int, seed: int, num_processes: int = 1) -> None:
+        self.sampler = LengthSortedSampler(lengths, seed)
+        self.budget = budget
+        self.num_processes = num_processes
+        self.sizes = self._plan()  # examples per micro-batch, for each global batch
+
+    def _plan(self) -> list[int]:
+        """Greedy over the lengths, longest first: a global batch of micro-batches of budget // its longest
+        length examples; its number of examples does not depend on the order of equal lengths."""
+        lengths, ranks = np.sort(self.sampler.lengths)[::-1], self.num_processes
+        sizes, start = [], 0
+        while start < len(lengths):
+            size = max(1, self.budget // int(lengths[start]))
+            sizes.append(min(size, -(-(len(lengths) - start) // ranks)))
+            start += size * ranks
+        return sizes
+
+    def set_epoch(self, epoch: int) -> None:
+        self.sampler.set_epoch(epoch)
+
+    def __len__(self) -> int:
+        return len(self.sizes) * self.num_processes
+
+    def __iter__(self) -> Iterator[list[int]]:
+        generator = self.sampler.epoch_generator()
+        order, ranks = self.sampler.order(generator), self.num_processes
+        batches, start = [], 0
+        for size in self.sizes:
+            batches.append(np.resize(order[start : start + size * ranks], size * ranks))  # the last: repeats
+            start += size * ranks
+        if not batches:
+            return
+        for g in [0, *(1 + torch.randperm(len(batches) - 1, generator=generator)).tolist()]:
+            for rank in range(ranks):
+                yield batches[g][rank::ranks].tolist()

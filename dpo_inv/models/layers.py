@@ -8,6 +8,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from dpo_inv.models import fused
+
 
 @dataclass
 class Encoding:
@@ -31,9 +33,22 @@ class DecoderStates:
 def linear(W: nn.Module, x: Tensor) -> Tensor:
     """``W(x)``; with LoRA adapters on ``W`` and no dropout on their inputs, as one map of the merged weight,
     which keeps no activation of its own for the backward pass (peft's two-branch map keeps copies)."""
-    if hasattr(W, "lora_A") and all(isinstance(d, nn.Identity) for d in W.lora_dropout.values()):
+    if hasattr(W, "lora_A") and applies_merged(W):
         return F.linear(x, weight(W), W.bias)
     return W(x)
+
+
+def applies_merged(W: nn.Module) -> bool:
+    """Whether ``W`` is one map of :func:`weight`: no LoRA adapters, or adapters without dropout."""
+    return not hasattr(W, "lora_A") or all(isinstance(d, nn.Identity) for d in W.lora_dropout.values())
+
+
+def use_fused_kernels(model: nn.Module, on: bool) -> None:
+    """Let the message-passing layers of ``model`` run their message MLPs as fused kernels where the device
+    allows (:mod:`dpo_inv.models.fused`), or keep them on the plain path."""
+    for module in model.modules():
+        if isinstance(module, (EncLayer, NodeLayer)):
+            module.fused = on
 
 
 def weight(linear: nn.Module) -> Tensor:
@@ -60,6 +75,13 @@ def gather_nodes(nodes: Tensor, index: Tensor) -> Tensor:
     offset = torch.arange(0, B * L, L, device=index.device).view(B, *[1] * (index.dim() - 1))
     rows = nodes.reshape(B * L, -1).index_select(0, (index + offset).flatten())
     return rows.view(*index.shape, *nodes.shape[2:])
+
+
+def flat_neighbors(E_idx: Tensor) -> Tensor:
+    """Neighbour indices ``[B, L, K]`` as rows of the flattened nodes ``[B * L, K]``."""
+    B, L, K = E_idx.shape
+    offset = torch.arange(0, B * L, L, device=E_idx.device).view(B, 1, 1)
+    return (E_idx + offset).view(B * L, K)
 
 
 def gather_sample_nodes(nodes: Tensor, index: Tensor) -> Tensor:
@@ -128,6 +150,8 @@ class NodeLayer(nn.Module):
     """The node update shared by the decoder and context layers: a three-layer message MLP ``W1``-``W3`` on
     ``[h_V_i, inputs_ij]`` summed over the neighbours, then a feed-forward block."""
 
+    fused = False  # the message MLP as a fused kernel where the device allows (use_fused_kernels)
+
     def __init__(self, num_hidden: int, num_in: int, dropout: float = 0.1, scale: float = 30.0) -> None:
         super().__init__()
         self.scale = scale
@@ -140,6 +164,10 @@ class NodeLayer(nn.Module):
         self.W3 = nn.Linear(num_hidden, num_hidden, bias=True)
         self.act = nn.GELU()
         self.dense = PositionWiseFeedForward(num_hidden, num_hidden * 4)
+
+    def _fuses(self, x: Tensor) -> bool:
+        """Whether the message MLP on ``x``'s device runs as a fused kernel."""
+        return self.fused and fused.available(x) and applies_merged(self.W2)
 
     def _update_nodes(self, h_V: Tensor, summed: Tensor, count: Tensor | int, mask_V: Tensor) -> Tensor:
         """New node states from ``summed``, the sum over ``count`` neighbours of the message MLP's hidden
@@ -160,6 +188,8 @@ class EncLayer(nn.Module):
     The first linear layer of each message MLP, which acts on ``[h_V_i, h_E_ij, h_V_j]``, is applied block by
     block (node blocks per node, then gathered), and the last one after the sum over neighbours.
     """
+
+    fused = False  # the message MLPs as fused kernels where the device allows (use_fused_kernels)
 
     def __init__(self, num_hidden: int, num_in: int, dropout: float = 0.1, scale: float = 30.0) -> None:
         super().__init__()  # parameters registered in the official order, which exports keep
@@ -186,20 +216,43 @@ class EncLayer(nn.Module):
         node_i = F.linear(h_V, W_i, W.bias).unsqueeze(2)
         return F.linear(h_E, W_e).add_(gather_nodes(F.linear(h_V, W_j), E_idx)).add_(node_i)
 
+    @staticmethod
+    def _blocks(W: nn.Linear, h_V: Tensor, h_E: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """The blocks of ``W(cat([h_V_i, h_E_ij, h_V_j]))`` for the fused kernels, nodes flattened: the node
+        block with the bias ``[B * L, H]``, the edge block ``[B * L, K, H]``, the neighbour block (to be
+        gathered) ``[B * L, H]``."""
+        W_i, W_e, W_j = weight(W).split([h_V.shape[-1], h_E.shape[-1], h_V.shape[-1]], dim=1)
+        node_i = F.linear(h_V, W_i, W.bias).flatten(0, 1)
+        return node_i, F.linear(h_E, W_e).flatten(0, 1), F.linear(h_V, W_j).flatten(0, 1)
+
     def forward(
         self, h_V: Tensor, h_E: Tensor, E_idx: Tensor, mask_V: Tensor, mask_attend: Tensor
     ) -> tuple[Tensor, Tensor]:
-        hidden = self.act(linear(self.W2, self.act(self._first_linear(self.W1, h_V, h_E, E_idx))))
-        messages = F.linear(
-            torch.einsum("blk,blkh->blh", mask_attend.to(hidden.dtype), hidden), weight(self.W3)
-        )
+        fuses = self.fused and fused.available(h_E) and applies_merged(self.W2)
+        if fuses:
+            node_i, edges, node_j = self._blocks(self.W1, h_V, h_E)
+            summed = fused.message_sum(
+                edges, node_i[:, None], weight(self.W2), self.W2.bias, table=node_j[:, None],
+                index=flat_neighbors(E_idx), weight=mask_attend.flatten(0, 1)[..., None],
+            ).view_as(h_V)  # fmt: skip
+        else:
+            hidden = self.act(linear(self.W2, self.act(self._first_linear(self.W1, h_V, h_E, E_idx))))
+            summed = torch.einsum("blk,blkh->blh", mask_attend.to(hidden.dtype), hidden)
+        messages = F.linear(summed, weight(self.W3))
         dh = (messages + mask_attend.sum(-1, keepdim=True) * self.W3.bias) / self.scale
         h_V = self.norm1(h_V + self.dropout1(dh))
         h_V = self.norm2(h_V + self.dropout2(self.dense(h_V)))
         h_V = mask_V.unsqueeze(-1) * h_V
 
-        hidden = self.act(self._first_linear(self.W11, h_V, h_E, E_idx))
-        h_message = linear(self.W13, self.act(linear(self.W12, hidden)))
+        if fuses and applies_merged(self.W12) and applies_merged(self.W13):
+            node_i, edges, node_j = self._blocks(self.W11, h_V, h_E)
+            h_message = fused.edge_messages(
+                edges, node_i, node_j, flat_neighbors(E_idx),
+                weight(self.W12), self.W12.bias, weight(self.W13), self.W13.bias,
+            ).view_as(h_E)  # fmt: skip
+        else:
+            hidden = self.act(self._first_linear(self.W11, h_V, h_E, E_idx))
+            h_message = linear(self.W13, self.act(linear(self.W12, hidden)))
         h_E = self.norm3(h_E + self.dropout3(h_message))
         return h_V, h_E
 
@@ -224,9 +277,17 @@ class DecLayer(NodeLayer):
         """
         if positions is None:
             H = h_V.shape[-1]
-            _, W_e, W_s, W_j = weight(self.W1).split([H, enc.h_E.shape[-1], h_S.shape[-1], H], dim=1)
+            W_i, W_e, W_s, W_j = weight(self.W1).split([H, enc.h_E.shape[-1], h_S.shape[-1], H], dim=1)
             structure = F.linear(enc.h_E, W_e).add_(gather_nodes(F.linear(enc.h_V, W_j), enc.E_idx))
-            visible = gather_nodes(F.linear(h_S, W_s) + F.linear(h_V - enc.h_V.unsqueeze(2), W_j), enc.E_idx)
+            visible = F.linear(h_S, W_s) + F.linear(h_V - enc.h_V.unsqueeze(2), W_j)
+            if self._fuses(structure):
+                summed = fused.message_sum(
+                    structure.flatten(0, 1), F.linear(h_V, W_i, self.W1.bias).flatten(0, 1),
+                    weight(self.W2), self.W2.bias, table=visible.flatten(0, 1),
+                    index=flat_neighbors(enc.E_idx), scale=mask_bw.flatten(0, 1),
+                ).view_as(h_V)  # fmt: skip
+                return self._update_nodes(h_V, summed, structure.shape[2], enc.mask.unsqueeze(-1))
+            visible = gather_nodes(visible, enc.E_idx)
             pre = torch.addcmul(structure.unsqueeze(3), mask_bw.unsqueeze(-1).to(visible.dtype), visible)
             return self._update(h_V, pre, enc.mask.unsqueeze(-1))
         E_idx = gather_nodes(enc.E_idx, positions).transpose(2, 3)  # [B, Q, K, N]
@@ -281,8 +342,13 @@ class ContextLayer(NodeLayer):
         if edge_projection is not None:
             bias = bias + F.linear(edge_projection.bias, W_e)
             W_e = W_e @ weight(edge_projection)
-        pre = F.linear(h_E, W_e).add_(F.linear(h_V, W_v, bias).unsqueeze(-2))
-        hidden = self.act(linear(self.W2, self.act(pre)))
-        mask = mask_attend.to(hidden.dtype)
-        summed = torch.einsum("...m,...mh->...h", mask, hidden)
-        return self._update_nodes(h_V, summed, mask.sum(-1, keepdim=True), mask_V)
+        edges, node_i = F.linear(h_E, W_e), F.linear(h_V, W_v, bias)
+        if self._fuses(edges):
+            summed = fused.message_sum(
+                edges.flatten(0, -3), node_i.flatten(0, -2)[:, None], weight(self.W2), self.W2.bias,
+                weight=mask_attend.flatten(0, -2)[..., None],
+            ).view_as(node_i)  # fmt: skip
+        else:
+            hidden = self.act(linear(self.W2, self.act(edges.add_(node_i.unsqueeze(-2)))))
+            summed = torch.einsum("...m,...mh->...h", mask_attend.to(hidden.dtype), hidden)
+        return self._update_nodes(h_V, summed, mask_attend.to(summed.dtype).sum(-1, keepdim=True), mask_V)

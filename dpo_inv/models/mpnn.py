@@ -244,7 +244,9 @@ class ProteinMPNN(PreTrainedModel):
         """The decoder up to its last layer, for ``S`` and ``ranks`` ``[B, N, L]`` (see :meth:`decode`)."""
         mask_bw = enc.mask[:, :, None, None] * causal_neighbor_mask(ranks, enc.E_idx)
         h_S = self.W_s(S.transpose(1, 2))
-        h_V = enc.h_V.unsqueeze(2).expand_as(h_S)
+        # a copy, not an expanded view: matrix products of views can round differently with and without
+        # gradients, and a policy must score as its frozen reference does
+        h_V = enc.h_V.unsqueeze(2).expand_as(h_S).contiguous()
         for layer in self.decoder_layers[:-1]:
             h_V = layer(h_V, h_S, enc, mask_bw)
         return DecoderStates(h_V=h_V, h_S=h_S, mask_bw=mask_bw)
@@ -253,7 +255,7 @@ class ProteinMPNN(PreTrainedModel):
         """The last decoder layer and the output head on ``states`` (see :meth:`decode`)."""
         h_V = self.decoder_layers[-1](states.h_V, states.h_S, enc, states.mask_bw, positions)
         h_V = h_V if positions is not None else h_V.transpose(1, 2)
-        return F.log_softmax(linear(self.W_out, h_V), dim=-1)
+        return F.log_softmax(linear(self.W_out, h_V).float(), dim=-1)  # log-probabilities in fp32
 
     def forward(
         self,

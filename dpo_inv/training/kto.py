@@ -9,6 +9,7 @@ averaged over the batch and all processes, detached and clamped at 0 as TRL does
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -31,15 +32,20 @@ class LabelledLogps:
 
 
 def labelled_logps(
-    model: torch.nn.Module, reference: torch.nn.Module, batch: dict[str, torch.Tensor], ranks: torch.Tensor
+    model: torch.nn.Module,
+    reference: torch.nn.Module,
+    batch: dict[str, torch.Tensor],
+    ranks: torch.Tensor,
+    precision: AbstractContextManager | None = None,
 ) -> tuple[LabelledLogps, torch.Tensor]:
     """The policy's log p and KL term of each labelled sequence (`batch["sequence"]`), and the reference's
-    log p. `ranks` is [B, K, L]."""
+    log p, its forward run in `precision` (the policy's autocast, `objective.policy_precision`). `ranks` is
+    [B, K, L]."""
     num_orders = ranks.shape[1]
     sequences = batch["sequence"].unsqueeze(1).expand(-1, num_orders, -1)
     inputs = structure_inputs(batch)
     log_probs = model(**inputs, S=sequences, ranks=ranks).float()  # [B, K, L, 21]
-    with torch.no_grad():
+    with torch.no_grad(), precision or nullcontext():
         ref_log_probs = reference(**inputs, S=sequences, ranks=ranks).float()
     mask = batch["loss_mask"].unsqueeze(1)  # [B, 1, L]
 

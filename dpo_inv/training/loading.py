@@ -36,6 +36,7 @@ from dpo_inv.training.config import DPOConfig
 from dpo_inv.training.exits import EXIT_BAD_INPUT
 from dpo_inv.training.launch import say
 from dpo_inv.training.loss import batch_ranks, pair_logps
+from dpo_inv.training.objective import policy_precision
 from dpo_inv.training.stopping import TrainingStopped
 
 
@@ -186,17 +187,19 @@ def write_skipped(accelerator: Accelerator, config: DPOConfig, loaded: list[Reco
 def precompute_reference(
     accelerator: Accelerator, reference: ProteinMPNN, data: RecordSet, config: DPOConfig
 ) -> RecordSet:
-    """Score every pair with the reference once (sharded over ranks, gathered) and store the log-probs."""
+    """Score every pair with the reference once (sharded over ranks, gathered) and store the log-probs,
+    computed in the policy's precision (its autocast, as in training)."""
     loader = accelerator.prepare(
         DataLoader(ExampleDataset(data), batch_size=config.per_device_eval_batch_size, collate_fn=collate)
     )
     chosen, rejected = [], []
     for batch in progress(loader, desc="Reference log-probs", disable=not accelerator.is_main_process):
-        logps = pair_logps(
-            reference,
-            batch,
-            batch_ranks(batch, config.seed, config.num_decoding_orders, config.decoding_order),
-        )
+        with policy_precision(accelerator):
+            logps = pair_logps(
+                reference,
+                batch,
+                batch_ranks(batch, config.seed, config.num_decoding_orders, config.decoding_order),
+            )
         gathered = accelerator.gather_for_metrics(torch.stack([logps.chosen, logps.rejected], dim=-1))
         chosen.append(gathered[:, 0].cpu())
         rejected.append(gathered[:, 1].cpu())

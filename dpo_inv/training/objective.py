@@ -4,6 +4,8 @@ records (SFT)."""
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager, nullcontext
+
 import torch
 from accelerate import Accelerator
 
@@ -38,14 +40,28 @@ def summarize(config: DPOConfig, totals: dict[str, float], count: int) -> dict[s
     return {name: totals[name] / count for name in METRICS}
 
 
+def policy_precision(accelerator: Accelerator | None) -> AbstractContextManager:
+    """The precision the policy's forward runs in: the autocast that `Accelerator.prepare` wraps it in
+    (bf16, or fp16 on a GPU), nothing in fp32 or without `accelerator`. The reference, which is not
+    prepared, runs its forward in it too, live, precomputed and in evaluation: with the policy's weights
+    its log-probs are then the policy's, and the rewards of the starting model exactly 0."""
+    return accelerator.autocast() if accelerator is not None else nullcontext()
+
+
 def reference_logps(
-    config: DPOConfig, reference: ProteinMPNN | None, batch: dict[str, torch.Tensor], ranks: torch.Tensor
+    config: DPOConfig,
+    reference: ProteinMPNN | None,
+    batch: dict[str, torch.Tensor],
+    ranks: torch.Tensor,
+    accelerator: Accelerator | None = None,
 ) -> PairLogps | None:
+    """The reference's log-probs of a batch's pairs: none when reference-free, the precomputed ones, or
+    the reference's forward in the policy's precision."""
     if config.reference_free:
         return None
     if config.precompute_ref_log_probs:
         return PairLogps(batch["ref_chosen_logps"], batch["ref_rejected_logps"], batch["loss_mask"].sum(-1))
-    with torch.no_grad():
+    with torch.no_grad(), policy_precision(accelerator):
         return pair_logps(reference, batch, ranks)
 
 
@@ -76,7 +92,7 @@ def step_metrics(
             config.residue_margin,
             config.residue_constraint_threshold,
         )
-    ref = reference_logps(config, reference, batch, ranks)
+    ref = reference_logps(config, reference, batch, ranks, accelerator)
     losses, out = preference_loss(
         policy,
         ref,
@@ -111,7 +127,7 @@ def unpaired_step(
     accelerator: Accelerator | None,
 ) -> tuple[torch.Tensor, Rows]:
     """KTO or APO-zero on labelled sequences, z0 the batch's KL term averaged over all processes."""
-    policy, ref_logps = kto.labelled_logps(model, reference, batch, ranks)
+    policy, ref_logps = kto.labelled_logps(model, reference, batch, ranks, policy_precision(accelerator))
     kl = accelerator.gather(policy.kl) if accelerator is not None else policy.kl
     z0 = kl.mean().clamp(min=0)
     desirable = batch["label"] > 0

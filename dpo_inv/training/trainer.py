@@ -27,7 +27,7 @@ from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 from transformers import get_scheduler
 
-from dpo_inv.data.batches import ExampleDataset, LengthGroupedSampler, collate
+from dpo_inv.data.batches import ExampleDataset, LengthGroupedSampler, ResidueBatchSampler, collate
 from dpo_inv.data.dataset import column
 from dpo_inv.data.progress import progress
 from dpo_inv.data.records import Data, is_file
@@ -40,6 +40,7 @@ from dpo_inv.models.adapters import (
     trainable_parameters,
     without_adapter_dropout,
 )
+from dpo_inv.models.layers import use_fused_kernels
 from dpo_inv.models.mpnn import derive_seed
 from dpo_inv.models.weights import load_model
 from dpo_inv.training.checkpoints import (
@@ -152,6 +153,9 @@ def load_models(
         else:
             name = config.ref_model_name_or_path or config.model_name_or_path
             reference = load_model(name, augment_eps=0.0).to(device).eval().requires_grad_(False)
+    for loaded in (model, reference):
+        if loaded is not None:
+            use_fused_kernels(loaded, config.fused_kernels)
     return model, reference
 
 
@@ -262,14 +266,14 @@ def prepare_run(
         )
         reference = None
     train_set = ExampleDataset(data.train)
-    global_batch = config.per_device_train_batch_size * accelerator.num_processes
     options = {
         "collate_fn": collate,
         "num_workers": config.dataloader_num_workers,
         "pin_memory": accelerator.device.type == "cuda",
     }
-    sampler = LengthGroupedSampler(train_set.lengths, global_batch, config.seed)
-    train_loader = DataLoader(train_set, config.per_device_train_batch_size, sampler=sampler, **options)
+    train_loader = DataLoader(
+        train_set, **train_batches(config, train_set.lengths, accelerator.num_processes), **options
+    )
     eval_loader, recovery_structures = None, []
     if data.eval is not None:
         eval_loader = DataLoader(ExampleDataset(data.eval), config.per_device_eval_batch_size, **options)
@@ -289,6 +293,20 @@ def prepare_run(
     accelerator.register_for_checkpointing(scheduler)
     return Run(accelerator, config, model, reference, optimizer, scheduler, train_loader, eval_loader,
                recovery_structures, data, steps)  # fmt: skip
+
+
+def train_batches(config: DPOConfig, lengths: np.ndarray, num_processes: int) -> dict[str, Any]:
+    """How the training DataLoader batches (its keyword arguments), before Accelerate shards it: by
+    per_device_train_batch_residues (`ResidueBatchSampler`: global batches of one micro-batch per process),
+    else per_device_train_batch_size pairs grouped by length over the global batch; seeded, by epoch."""
+    if config.per_device_train_batch_residues:
+        budget = config.per_device_train_batch_residues
+        return {"batch_sampler": ResidueBatchSampler(lengths, budget, config.seed, num_processes)}
+    global_batch = config.per_device_train_batch_size * num_processes
+    return {
+        "batch_size": config.per_device_train_batch_size,
+        "sampler": LengthGroupedSampler(lengths, global_batch, config.seed),
+    }
 
 
 def resume(run: Run) -> None:
@@ -316,12 +334,10 @@ def announce(run: Run, setup: str) -> None:
     unit = {"pairs": "pairs", "labelled": "sequences", "structures": "structure records"}[config.record_kind]
     evals = f"{0 if data.eval is None else len(data.eval.records)} eval {unit}"
     evals += f", {len(data.variants.labels)} eval variants" if data.variants is not None else ""
-    global_batch = config.per_device_train_batch_size * accelerator.num_processes
     say(
         accelerator,
         f"{len(data.train.records)} training {unit}, {evals}; {accelerator.num_processes} process(es) on "
-        f"{accelerator.device} ({setup}); batch {config.per_device_train_batch_size} per device, global "
-        f"batch {global_batch * config.gradient_accumulation_steps}; {run.steps.total} optimizer steps",
+        f"{accelerator.device} ({setup}); {batch_line(run, unit)}; {run.steps.total} optimizer steps",
     )
     notes = data_notes(config, data, run.steps)
     if accelerator.device.type == "cpu" and config.mixed_precision == "bf16" and cpu_computes_bf16() is False:
@@ -330,9 +346,27 @@ def announce(run: Run, setup: str) -> None:
         say(accelerator, f"Note: {note}")
 
 
+def batch_line(run: Run, unit: str) -> str:
+    """The start-up line's batch: per device, and global (all processes, all accumulated micro-batches)."""
+    config, processes = run.config, run.accelerator.num_processes
+    per_step = processes * config.gradient_accumulation_steps
+    budget = config.per_device_train_batch_residues
+    if budget:
+        mean = len(run.data.train.records) / (len(run.train_loader) * processes)
+        return (
+            f"batch {budget} residues per device (examples × longest length; {mean:.1f} {unit} on average), "
+            f"global batch {budget * per_step} residues"
+        )
+    return (
+        f"batch {config.per_device_train_batch_size} per device, global batch "
+        f"{config.per_device_train_batch_size * per_step}"
+    )
+
+
 def data_notes(config: DPOConfig, data: RunData, steps: Steps) -> list[str]:
-    """What would make a run not what its user meant: many passes over the data, an eval split that
-    leaves a few structures to train on or none to evaluate on."""
+    """What would make a run not what its user meant: many passes over the data, structures longer than the
+    residue budget of a micro-batch, an eval split that leaves a few structures to train on or none to
+    evaluate on."""
     notes = []
     unit = {"pairs": "pairs", "labelled": "sequences", "structures": "structure records"}[config.record_kind]
     passes = steps.total / steps.per_epoch
@@ -342,6 +376,16 @@ def data_notes(config: DPOConfig, data: RunData, steps: Steps) -> list[str]:
             f"{passes:.0f} times (more than {MAX_PASSES}), which overfits them; lower max_steps or give more "
             "data"
         )
+    budget = config.per_device_train_batch_residues
+    if budget:
+        structure_ids = column(data.train.records, "structure_id")
+        lengths = column(data.train.structures, "length")[structure_ids]
+        longer = len(np.unique(structure_ids[lengths > budget]))
+        if longer:
+            notes.append(
+                f"{longer} training structure(s) longer than per_device_train_batch_residues {budget} (the "
+                f"longest: {lengths.max()} residues): each of their {unit} is a micro-batch alone"
+            )
     structures = len(np.unique(column(data.train.records, "structure_id")))
     if config.eval_file is None and config.eval_split > 0 and data.eval is None and structures == 1:
         notes.append(

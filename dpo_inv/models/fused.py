@@ -1,0 +1,372 @@
+"""Message MLPs as fused Triton kernels that keep no per-edge activation in memory.
+
+Every message-passing layer applies, edge by edge, ``GELU -> linear -> GELU`` to ``pre``, the first linear
+map of ``[h_i, h_e, h_j]`` applied block by block. The plain layers write each of these per-edge tensors to
+memory and keep them for the backward pass: at large batches they are what the step spends its time on (it
+is bandwidth-bound). The kernels here assemble ``pre`` per edge from its blocks (an edge block, a node block,
+and a gathered neighbour block scaled by a visibility mask), run the MLP in registers, and write only
+
+- :func:`message_sum`: the (masked) sum of the messages over each node's edges (node updates: the encoder,
+  the decoder, LigandMPNN's context layers);
+- :func:`edge_messages`: the last linear map of the MLP applied per edge (the encoder's edge update).
+
+Their backward passes recompute the MLP from the same blocks. The kernels run on CUDA devices where Triton
+is installed, and on the CPU under Triton's interpreter (``TRITON_INTERPRET=1``), where the tests compare
+them with the plain layers; elsewhere the layers take the plain path.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+from torch import Tensor
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # a CPU build of PyTorch without Triton: the plain path
+    triton = None
+
+INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def available(x: Tensor) -> bool:
+    """Whether the fused kernels run on ``x``: per-edge tensors in bf16 or fp16 on a CUDA device (in fp32 the
+    backward kernel needs more shared memory than a multiprocessor has: the plain path runs), or any dtype
+    on the CPU under Triton's interpreter."""
+    if triton is None:
+        return False
+    if INTERPRET:
+        return x.device.type == "cpu"
+    dtype = torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled("cuda") else x.dtype
+    return x.is_cuda and dtype in (torch.bfloat16, torch.float16)
+
+
+@torch.compiler.disable  # compiled layers call the kernels as they are
+def message_sum(
+    edges: Tensor,
+    nodes: Tensor,
+    W2: Tensor,
+    b2: Tensor,
+    table: Tensor | None = None,
+    index: Tensor | None = None,
+    scale: Tensor | None = None,
+    weight: Tensor | None = None,
+) -> Tensor:
+    """``out[r, n] = sum_k weight[r, k, n] * GELU(W2 GELU(pre[r, k, n]) + b2)``, where
+    ``pre[r, k, n] = edges[r, k] + nodes[r, n] + scale[r, k, n] * table[index[r, k], n]``.
+
+    ``edges [R, K, H]``; ``nodes [R, N, H]``; ``table [T, N, H]`` and ``index [R, K]`` (optional);
+    ``scale`` and ``weight`` ``[R, K, N]`` (optional: 1). Returns ``[R, N, H]`` in ``edges``' dtype; matrix
+    products run in ``edges``' dtype (bf16 under bf16 autocast), everything else in fp32.
+    """
+    return _MessageMLP.apply(edges, nodes, table, index, scale, weight, W2, b2, None, None)
+
+
+@torch.compiler.disable
+def edge_messages(
+    edges: Tensor, nodes: Tensor, table: Tensor, index: Tensor, W2: Tensor, b2: Tensor, W3: Tensor, b3: Tensor
+) -> Tensor:
+    """``out[r, k] = W3 GELU(W2 GELU(pre[r, k]) + b2) + b3`` with ``pre[r, k] = edges[r, k] + nodes[r] +
+    table[index[r, k]]``; ``edges [R, K, H]``, ``nodes [R, H]``, ``table [T, H]``, ``index [R, K]``."""
+    return _MessageMLP.apply(edges, nodes[:, None], table[:, None], index, None, None, W2, b2, W3, b3)
+
+
+def _dot_dtype(dtype: torch.dtype) -> tl.dtype:
+    """Matrix products in bf16 or fp16 where the blocks are, else fp32 (also under the interpreter, whose
+    half-precision products are wrong)."""
+    return _TL_DTYPE[dtype if dtype in (torch.bfloat16, torch.float16) and not INTERPRET else torch.float32]
+
+
+class _MessageMLP(torch.autograd.Function):
+    """Both kernels' forward and backward; ``W3`` None: the summed messages, else the per-edge ones."""
+
+    @staticmethod
+    def forward(ctx, edges, nodes, table, index, scale, weight, W2, b2, W3, b3):  # noqa: ANN001
+        inputs = _Inputs.of(edges, nodes, table, index, scale, weight)
+        ctx.save_for_backward(*inputs.tensors(), W2, b2, W3, b3)
+        ctx.dtypes = (edges.dtype, nodes.dtype, None if table is None else table.dtype)
+        R, K, H = edges.shape
+        N = nodes.shape[1]
+        out_shape = (R, N, H) if W3 is None else (R, K, H)
+        out = torch.empty(out_shape, device=edges.device, dtype=edges.dtype)
+        _forward_kernel[lambda meta: (triton.cdiv(R * N, meta["BLOCK_M"]),)](
+            *inputs.pointers(), W2, b2, W3 if W3 is not None else W2, b3 if b3 is not None else b2, out,
+            R * N, K, N=N, H=H, **inputs.flags(), EDGE_OUT=W3 is not None, DOT_DTYPE=_dot_dtype(edges.dtype),
+        )  # fmt: skip
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):  # noqa: ANN001
+        *saved, W2, b2, W3, b3 = ctx.saved_tensors
+        inputs = _Inputs(*saved)
+        edges, nodes, table = inputs.edges, inputs.nodes, inputs.table
+        R, K, H = edges.shape
+        N = nodes.shape[1]
+        device = edges.device
+        programs = _num_programs(device)
+        f32 = {"device": device, "dtype": torch.float32}
+        d_edges = (torch.empty if N == 1 else torch.zeros)(edges.shape, **f32)  # N > 1: summed over n
+        d_nodes = torch.empty(nodes.shape, **f32)
+        d_table = torch.zeros(table.shape, **f32) if table is not None else d_nodes
+        parts = 1 if W3 is None else 2
+        d_weights = torch.empty(programs, parts, H, H, **f32)
+        d_biases = torch.empty(programs, parts, H, **f32)
+        _backward_kernel[(programs,)](
+            *inputs.pointers(), W2, b2, W3 if W3 is not None else W2, b3 if b3 is not None else b2,
+            grad_out.contiguous(), d_edges, d_nodes, d_table, d_weights, d_biases,
+            R * N, K, N=N, H=H, **inputs.flags(), EDGE_OUT=W3 is not None, DOT_DTYPE=_dot_dtype(edges.dtype),
+        )  # fmt: skip
+        d_weights, d_biases = d_weights.sum(0), d_biases.sum(0)
+        edges_dtype, nodes_dtype, table_dtype = ctx.dtypes
+        d_table_out = None if table is None else d_table.to(table_dtype)
+        d_W3, d_b3 = (None, None) if W3 is None else (d_weights[1].to(W3.dtype), d_biases[1].to(b3.dtype))
+        return (
+            d_edges.to(edges_dtype), d_nodes.to(nodes_dtype), d_table_out, None, None, None,
+            d_weights[0].to(W2.dtype), d_biases[0].to(b2.dtype), d_W3, d_b3,
+        )  # fmt: skip
+
+
+class _Inputs:
+    """The blocks of ``pre`` (contiguous), with stand-ins for the optional ones."""
+
+    def __init__(self, edges, nodes, table, index, scale, weight) -> None:  # noqa: ANN001
+        self.edges, self.nodes, self.table, self.index, self.scale, self.weight = (
+            edges, nodes, table, index, scale, weight
+        )  # fmt: skip
+
+    @classmethod
+    def of(cls, edges, nodes, table, index, scale, weight) -> _Inputs:  # noqa: ANN001
+        def contiguous(x: Tensor | None) -> Tensor | None:
+            return None if x is None else x.contiguous()
+
+        index = None if index is None else index.to(torch.int64)
+        scale, weight = (None if x is None else x.to(torch.float32) for x in (scale, weight))
+        return cls(*(contiguous(x) for x in (edges, nodes, table, index, scale, weight)))
+
+    def tensors(self) -> tuple[Tensor | None, ...]:
+        return self.edges, self.nodes, self.table, self.index, self.scale, self.weight
+
+    def pointers(self) -> tuple[Tensor, ...]:
+        return tuple(self.edges if x is None else x for x in self.tensors())
+
+    def flags(self) -> dict[str, bool]:
+        return {
+            "HAS_TABLE": self.table is not None,
+            "HAS_SCALE": self.scale is not None,
+            "HAS_WEIGHT": self.weight is not None,
+        }
+
+
+@functools.cache
+def _num_programs(device: torch.device) -> int:
+    """Programs of the backward kernel: a few per multiprocessor, each summing its weight gradients."""
+    if device.type != "cuda":
+        return 4
+    return 2 * torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def _configs(*shapes: tuple[int, int, int, int]) -> list:
+    """Autotuned launch settings: (nodes per program, edges per node at a time, warps, pipeline stages);
+    the first alone under the interpreter."""
+    configs = [
+        triton.Config({"BLOCK_M": m, "BLOCK_K": k}, num_warps=warps, num_stages=stages)
+        for m, k, warps, stages in shapes
+    ]
+    return configs[:1] if INTERPRET else configs
+
+
+# each kernel is tuned once per form (flags, sequences per structure, neighbours) and dtype
+_TUNED_BY = ["K", "N", "HAS_TABLE", "HAS_SCALE", "HAS_WEIGHT", "EDGE_OUT", "DOT_DTYPE"]
+
+if triton is not None:
+    _TL_DTYPE = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
+
+    @triton.jit
+    def _gelu(x):
+        return 0.5 * x * (1.0 + tl.erf(x * 0.7071067811865476))
+
+    @triton.jit
+    def _gelu_grad(x):
+        return 0.5 * (1.0 + tl.erf(x * 0.7071067811865476)) + x * tl.exp(-0.5 * x * x) * 0.3989422804014327
+
+    @triton.jit
+    def _dot(a, b, DOT_DTYPE: tl.constexpr):
+        if tl.float32 == DOT_DTYPE:
+            return tl.dot(a, b, input_precision="ieee")
+        return tl.dot(a.to(DOT_DTYPE), b.to(DOT_DTYPE))
+
+    @triton.jit
+    def _square(ptr, H: tl.constexpr, TRANSPOSE: tl.constexpr, DOT_DTYPE: tl.constexpr):
+        """An [H, H] matrix (transposed: ``out[i, o] = W[o, i]``) in the dtype of the products."""
+        h = tl.arange(0, H)
+        if TRANSPOSE:
+            return tl.load(ptr + h[None, :] * H + h[:, None]).to(DOT_DTYPE)
+        return tl.load(ptr + h[:, None] * H + h[None, :]).to(DOT_DTYPE)
+
+    @triton.jit
+    def _pre(
+        edges, nodes, table, index, scale, weight, m0, k0, M, K,
+        N: tl.constexpr, H: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
+        HAS_TABLE: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_WEIGHT: tl.constexpr,
+    ):  # fmt: skip
+        """``pre [BLOCK_M, BLOCK_K, H]`` (fp32) of nodes ``m0 + i`` and their edges ``k0 + j``; which of
+        them exist and the weight of each message ``[BLOCK_M, BLOCK_K]`` (0 where none); the edges' rows in
+        ``edges``; the neighbours' rows in ``table``."""
+        m = m0 + tl.arange(0, BLOCK_M)
+        k = k0 + tl.arange(0, BLOCK_K)
+        h = tl.arange(0, H)
+        r = (m // N).to(tl.int64)
+        n = m % N
+        valid = (m < M)[:, None] & (k < K)[None, :]
+        edge = r[:, None] * K + k[None, :]
+        pre = tl.load(edges + edge[:, :, None] * H + h[None, None, :], mask=valid[:, :, None], other=0.0)
+        node = tl.load(nodes + m.to(tl.int64)[:, None] * H + h[None, :], mask=(m < M)[:, None], other=0.0)
+        pre = pre.to(tl.float32) + node.to(tl.float32)[:, None, :]
+        row = edge
+        if HAS_TABLE:
+            row = tl.load(index + edge, mask=valid, other=0) * N + n[:, None]
+            neighbour = tl.load(
+                table + row[:, :, None] * H + h[None, None, :], mask=valid[:, :, None], other=0.0
+            )
+            neighbour = neighbour.to(tl.float32)
+            if HAS_SCALE:
+                neighbour *= tl.load(scale + edge * N + n[:, None], mask=valid, other=0.0)[:, :, None]
+            pre += neighbour
+        factor = valid.to(tl.float32)
+        if HAS_WEIGHT:
+            factor *= tl.load(weight + edge * N + n[:, None], mask=valid, other=0.0)
+        return pre, valid, factor, edge, row
+
+    @triton.autotune(
+        _configs((4, 16, 8, 2), (2, 16, 4, 2), (4, 16, 4, 2), (8, 16, 8, 2), (2, 32, 4, 2), (4, 32, 8, 2)),
+        key=_TUNED_BY,
+    )
+    @triton.jit(do_not_specialize=["M"])
+    def _forward_kernel(
+        edges, nodes, table, index, scale, weight, W2, b2, W3, b3, out, M, K,
+        N: tl.constexpr, H: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
+        HAS_TABLE: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_WEIGHT: tl.constexpr,
+        EDGE_OUT: tl.constexpr, DOT_DTYPE: tl.constexpr,
+    ):  # fmt: skip
+        m0 = tl.program_id(0) * BLOCK_M
+        m = m0 + tl.arange(0, BLOCK_M)
+        h = tl.arange(0, H)
+        W2t = _square(W2, H, True, DOT_DTYPE)
+        if EDGE_OUT:
+            W3t = _square(W3, H, True, DOT_DTYPE)
+        bias2 = tl.load(b2 + h).to(tl.float32)
+        if EDGE_OUT:
+            bias3 = tl.load(b3 + h).to(tl.float32)
+        acc = tl.zeros([BLOCK_M, H], dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            pre, valid, factor, edge, row = _pre(
+                edges, nodes, table, index, scale, weight, m0, k0, M, K,
+                N, H, BLOCK_M, BLOCK_K, HAS_TABLE, HAS_SCALE, HAS_WEIGHT,
+            )  # fmt: skip
+            hidden = tl.reshape(_gelu(pre), [BLOCK_M * BLOCK_K, H])
+            hidden = _gelu(_dot(hidden, W2t, DOT_DTYPE) + bias2[None, :])
+            if EDGE_OUT:
+                message = _dot(hidden, W3t, DOT_DTYPE) + bias3[None, :]
+                message = tl.reshape(message, [BLOCK_M, BLOCK_K, H])
+                tl.store(out + edge[:, :, None] * H + h[None, None, :], message.to(out.dtype.element_ty),
+                         mask=valid[:, :, None])  # fmt: skip
+            else:
+                acc += tl.sum(tl.reshape(hidden, [BLOCK_M, BLOCK_K, H]) * factor[:, :, None], axis=1)
+        if not EDGE_OUT:
+            tl.store(out + m.to(tl.int64)[:, None] * H + h[None, :], acc.to(out.dtype.element_ty),
+                     mask=(m < M)[:, None])  # fmt: skip
+
+    @triton.autotune(
+        _configs((4, 16, 8, 2), (2, 16, 4, 2), (4, 16, 4, 2), (2, 16, 8, 2), (2, 32, 8, 2), (8, 16, 8, 1)),
+        key=_TUNED_BY,
+        reset_to_zero=["d_edges", "d_table"],
+    )
+    @triton.jit(do_not_specialize=["M"])
+    def _backward_kernel(
+        edges, nodes, table, index, scale, weight, W2, b2, W3, b3,
+        d_out, d_edges, d_nodes, d_table, d_weights, d_biases, M, K,
+        N: tl.constexpr, H: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
+        HAS_TABLE: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_WEIGHT: tl.constexpr,
+        EDGE_OUT: tl.constexpr, DOT_DTYPE: tl.constexpr,
+    ):  # fmt: skip
+        pid = tl.program_id(0)
+        h = tl.arange(0, H)
+        W2t = _square(W2, H, True, DOT_DTYPE)
+        W2n = _square(W2, H, False, DOT_DTYPE)
+        if EDGE_OUT:
+            W3n = _square(W3, H, False, DOT_DTYPE)
+        bias2 = tl.load(b2 + h).to(tl.float32)
+        d_W2 = tl.zeros([H, H], dtype=tl.float32)
+        d_b2 = tl.zeros([H], dtype=tl.float32)
+        if EDGE_OUT:
+            d_W3 = tl.zeros([H, H], dtype=tl.float32)
+            d_b3 = tl.zeros([H], dtype=tl.float32)
+        for block in range(pid, tl.cdiv(M, BLOCK_M), tl.num_programs(0)):
+            m0 = block * BLOCK_M
+            m = m0 + tl.arange(0, BLOCK_M)
+            rows = m.to(tl.int64)[:, None] * H + h[None, :]
+            if not EDGE_OUT:
+                d_sum = tl.load(d_out + rows, mask=(m < M)[:, None], other=0.0).to(tl.float32)
+            d_node = tl.zeros([BLOCK_M, H], dtype=tl.float32)
+            for k0 in range(0, K, BLOCK_K):
+                pre, valid, factor, edge, row = _pre(
+                    edges, nodes, table, index, scale, weight, m0, k0, M, K,
+                    N, H, BLOCK_M, BLOCK_K, HAS_TABLE, HAS_SCALE, HAS_WEIGHT,
+                )  # fmt: skip
+                on = factor > 0
+                hidden1 = tl.reshape(_gelu(pre), [BLOCK_M * BLOCK_K, H])
+                z2 = _dot(hidden1, W2t, DOT_DTYPE) + bias2[None, :]
+                if EDGE_OUT:
+                    at_out = d_out + edge[:, :, None] * H + h[None, None, :]
+                    d_message = tl.load(at_out, mask=valid[:, :, None], other=0.0).to(tl.float32)
+                    d_message = tl.reshape(d_message, [BLOCK_M * BLOCK_K, H])
+                    hidden2 = _gelu(z2)
+                    d_W3 += _dot(tl.trans(d_message), hidden2, DOT_DTYPE)
+                    d_b3 += tl.sum(d_message, axis=0)
+                    d_hidden2 = _dot(d_message, W3n, DOT_DTYPE)
+                else:
+                    d_hidden2 = tl.reshape(d_sum[:, None, :] * factor[:, :, None], [BLOCK_M * BLOCK_K, H])
+                d_z2 = d_hidden2 * _gelu_grad(z2)
+                d_W2 += _dot(tl.trans(d_z2), hidden1, DOT_DTYPE)
+                d_b2 += tl.sum(d_z2, axis=0)
+                d_pre = tl.reshape(_dot(d_z2, W2n, DOT_DTYPE), [BLOCK_M, BLOCK_K, H]) * _gelu_grad(pre)
+                d_node += tl.sum(d_pre, axis=1)
+                if N == 1:
+                    tl.store(d_edges + edge[:, :, None] * H + h[None, None, :], d_pre, mask=valid[:, :, None])
+                elif BLOCK_M % N == 0 and (N & (N - 1)) == 0:  # a program holds every n of its edges
+                    G: tl.constexpr = BLOCK_M // N
+                    r = m0 // N + tl.arange(0, G)
+                    k = k0 + tl.arange(0, BLOCK_K)
+                    shared = tl.sum(tl.reshape(d_pre, [G, N, BLOCK_K, H]), axis=1)
+                    at_shared = (
+                        d_edges
+                        + (r.to(tl.int64)[:, None] * K + k[None, :])[:, :, None] * H
+                        + h[None, None, :]
+                    )
+                    tl.store(at_shared, shared, mask=((r * N < M)[:, None] & (k < K)[None, :])[:, :, None])
+                else:
+                    tl.atomic_add(
+                        d_edges + edge[:, :, None] * H + h[None, None, :], d_pre, mask=on[:, :, None]
+                    )
+                if HAS_TABLE:
+                    d_neighbour = d_pre
+                    if HAS_SCALE:
+                        n = m % N
+                        r = (m // N).to(tl.int64)
+                        k = k0 + tl.arange(0, BLOCK_K)
+                        at = (r[:, None] * K + k[None, :]) * N + n[:, None]
+                        d_neighbour *= tl.load(scale + at, mask=on, other=0.0)[:, :, None]
+                    tl.atomic_add(
+                        d_table + row[:, :, None] * H + h[None, None, :], d_neighbour, mask=on[:, :, None]
+                    )
+            tl.store(d_nodes + rows, d_node, mask=(m < M)[:, None])
+        square = h[:, None] * H + h[None, :]
+        parts = 2 if EDGE_OUT else 1
+        tl.store(d_weights + pid * parts * H * H + square, d_W2)
+        tl.store(d_biases + pid * parts * H + h, d_b2)
+        if EDGE_OUT:
+            tl.store(d_weights + (pid * parts + 1) * H * H + square, d_W3)
+            tl.store(d_biases + (pid * parts + 1) * H + h, d_b3)

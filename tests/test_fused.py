@@ -1,0 +1,158 @@
+"""The fused message-MLP kernels against the plain layers they replace, on the CPU under Triton's interpreter.
+
+The kernels run on CUDA GPUs; here `test_fused_kernels_under_the_interpreter` runs the other tests of this
+file in a process with TRITON_INTERPRET=1, where the layers take the fused path on the CPU.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from dpo_inv.data.batches import collate, structure_inputs
+from dpo_inv.data.design import prepare_design
+from dpo_inv.models import fused
+from dpo_inv.models.layers import use_fused_kernels
+from dpo_inv.models.mpnn import decoding_ranks
+from dpo_inv.models.weights import load_model, model_parse_options
+from dpo_inv.structures.parse import parse_structure
+
+interpreted = pytest.mark.skipif(
+    not fused.INTERPRET, reason="run under Triton's interpreter by test_fused_kernels_under_the_interpreter"
+)
+H = 128
+STRUCTURES = Path(__file__).resolve().parents[1] / "data" / "structures"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(fused.triton is None, reason="Triton is not installed")
+@pytest.mark.skipif(fused.INTERPRET, reason="this process is the interpreter's")
+def test_fused_kernels_under_the_interpreter():
+    env = {**os.environ, "TRITON_INTERPRET": "1", "TRITON_DEFAULT_FP_FUSION": "1"}
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__]
+    result = subprocess.run(command, env=env, capture_output=True, text=True, cwd=Path(__file__).parent)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    assert "skipped" not in result.stdout.splitlines()[-1], result.stdout[-2000:]
+
+
+def relative(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.detach().float(), b.detach().float()
+    return float((a - b).norm() / b.norm())
+
+
+def plain_mlp(pre: torch.Tensor, W2: torch.Tensor, b2: torch.Tensor) -> torch.Tensor:
+    return F.gelu(F.linear(F.gelu(pre), W2, b2))
+
+
+def leaf(*shape: int, scale: float = 1.0) -> torch.Tensor:
+    return (scale * torch.randn(*shape)).requires_grad_()
+
+
+@interpreted
+@pytest.mark.parametrize(
+    "form", ["decoder", "decoder, three sequences", "encoder", "context, 25 entries", "edge update"]
+)
+def test_kernels_equal_the_plain_computation_and_its_gradients(form: str):
+    """Every form the layers use, values and gradients in fp32; K not a multiple of the kernels' block, and
+    an odd number of sequences per structure (the atomic path of the edge gradient)."""
+    torch.manual_seed(0)
+    R, T = 7, 11
+    K = 25 if "context" in form else 20
+    N = 3 if "three" in form else 2 if form == "decoder" else 1
+    edges, nodes, table = leaf(R, K, H), leaf(R, N, H), leaf(T, N, H)
+    W2, b2, W3, b3 = leaf(H, H, scale=0.1), leaf(H), leaf(H, H, scale=0.1), leaf(H)
+    index = torch.randint(0, T, (R, K))
+    seen = (torch.rand(R, K, N) > 0.5).float()
+    pre = edges[:, :, None] + nodes[:, None]
+    leaves = [edges, nodes, table, W2, b2]
+    if form.startswith("decoder"):
+        out = fused.message_sum(edges, nodes, W2, b2, table=table, index=index, scale=seen)
+        expected = plain_mlp(pre + seen[..., None] * table[index], W2, b2).sum(1)
+    elif form == "encoder":
+        out = fused.message_sum(edges, nodes, W2, b2, table=table, index=index, weight=seen)
+        expected = (plain_mlp(pre + table[index], W2, b2) * seen[..., None]).sum(1)
+    elif form.startswith("context"):
+        out = fused.message_sum(edges, nodes, W2, b2, weight=seen)
+        expected = (plain_mlp(pre, W2, b2) * seen[..., None]).sum(1)
+        leaves = [edges, nodes, W2, b2]
+    else:
+        out = fused.edge_messages(edges, nodes[:, 0], table[:, 0], index, W2, b2, W3, b3)
+        expected = F.linear(plain_mlp((pre + table[index])[:, :, 0], W2, b2), W3, b3)
+        leaves += [W3, b3]
+    assert out.shape == expected.shape
+    assert relative(out, expected) < 1e-6
+    grad = torch.randn_like(expected)
+    for got, want in zip(
+        torch.autograd.grad(out, leaves, grad), torch.autograd.grad(expected, leaves, grad), strict=True
+    ):
+        assert relative(got, want) < 1e-5
+
+
+def designed(name: str) -> dict[str, torch.Tensor]:
+    """A small real structure as the model reads it: 2xcjA (84 residues); for LigandMPNN 1BC8 (93
+    residues designed, with its DNA and zinc as context)."""
+    options = model_parse_options(name)
+    path = STRUCTURES / ("1BC8.pdb.gz" if name.startswith("ligand") else "2xcjA.pdb.gz")
+    design = ["C"] if name.startswith("ligand") else ["A"]
+    fixed = [chain for chain in parse_structure(path, options) if chain not in design]
+    return collate([prepare_design(path, design, fixed, {}, options).example])
+
+
+def step(model, batch: dict[str, torch.Tensor], precision: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-probs of the native sequence and of it shifted by one, each in its own random decoding order (two
+    sequences per structure in the decoder), and the gradient of their sum's difference (a DPO-like
+    objective) with respect to every parameter."""
+    S = torch.stack([batch["native"], batch["native"].roll(1, 1)], 1)
+    ranks = decoding_ranks(batch["decode_mask"], batch["mask"], [7], num_orders=2)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
+        log_probs = model.decode(model.encode(**structure_inputs(batch)), S, ranks)
+    logps = (log_probs.gather(-1, S.unsqueeze(-1)).squeeze(-1) * batch["mask"][:, None]).sum(-1)
+    params = [p for p in model.parameters() if p.requires_grad]
+    grads = torch.autograd.grad(logps[:, 0].sum() - logps[:, 1].sum(), params, allow_unused=True)
+    flat = [
+        g.flatten() if g is not None else torch.zeros(p.numel()) for g, p in zip(grads, params, strict=True)
+    ]
+    return logps.detach(), torch.cat(flat)
+
+
+@interpreted
+@pytest.mark.parametrize("name", ["vanilla/v_48_020", "ligand/v_32_010_25"])
+def test_models_with_fused_kernels_equal_the_plain_layers(name: str):
+    """Whole models on real structures, every layer fused (LigandMPNN's context layers too): in fp32 the
+    log-probs and gradients of the plain layers, which equal the official code's (test_model, test_ligand);
+    in bf16 the fp32 ones within the tolerances of the trainer's bf16 test (test_speed)."""
+    torch.manual_seed(0)
+    model = load_model(name).eval()
+    fused_model = copy.deepcopy(model)
+    use_fused_kernels(fused_model, True)
+    batch = designed(name)
+    assert name.startswith("vanilla") or batch["context_mask"].any()
+    logps, gradient = step(model, batch, "no")
+    logps_fused, gradient_fused = step(fused_model, batch, "no")
+    assert (logps_fused - logps).abs().max() < 1e-3  # sums of ~90 log-probs, each within 1e-5
+    assert relative(gradient_fused, gradient) < 1e-5
+    logps16, gradient16 = step(fused_model, batch, "bf16")
+    assert ((logps16 - logps).abs() <= 2**-7 * logps.abs()).all()
+    assert F.cosine_similarity(gradient16, gradient, dim=0) > 0.99
+    assert float(gradient16.norm()) == pytest.approx(float(gradient.norm()), rel=0.05)
+
+
+@interpreted
+def test_the_fused_path_is_taken_only_when_turned_on(monkeypatch: pytest.MonkeyPatch):
+    batch = designed("vanilla/v_48_020")
+    calls = []
+    original = fused._MessageMLP.apply
+    monkeypatch.setattr(fused._MessageMLP, "apply", lambda *args: calls.append(1) or original(*args))
+    model = load_model("vanilla/v_48_020").eval()
+    step(model, batch, "no")
+    assert calls == []  # off by default
+    use_fused_kernels(model, True)
+    step(model, batch, "no")
+    assert len(calls) == 3 * 2 + 3  # each encoder layer's two MLPs, each decoder layer's
