@@ -36,7 +36,8 @@ STRUCTURES = Path(__file__).resolve().parents[1] / "data" / "structures"
 @pytest.mark.skipif(fused.INTERPRET, reason="this process is the interpreter's")
 def test_fused_kernels_under_the_interpreter():
     env = {**os.environ, "TRITON_INTERPRET": "1", "TRITON_DEFAULT_FP_FUSION": "1"}
-    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__]
+    others = ["-k", "not test_fused_kernels_under_the_interpreter"]
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, *others]
     result = subprocess.run(command, env=env, capture_output=True, text=True, cwd=Path(__file__).parent)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
     assert "skipped" not in result.stdout.splitlines()[-1], result.stdout[-2000:]
@@ -127,7 +128,7 @@ def step(model, batch: dict[str, torch.Tensor], precision: str) -> tuple[torch.T
 def test_models_with_fused_kernels_equal_the_plain_layers(name: str):
     """Whole models on real structures, every layer fused (LigandMPNN's context layers too): in fp32 the
     log-probs and gradients of the plain layers, which equal the official code's (test_model, test_ligand);
-    in bf16 the fp32 ones within the tolerances of the trainer's bf16 test (test_speed)."""
+    in bf16 (ProteinMPNN) the fp32 ones within the tolerances of the trainer's bf16 test (test_speed)."""
     torch.manual_seed(0)
     model = load_model(name).eval()
     fused_model = copy.deepcopy(model)
@@ -138,6 +139,8 @@ def test_models_with_fused_kernels_equal_the_plain_layers(name: str):
     logps_fused, gradient_fused = step(fused_model, batch, "no")
     assert (logps_fused - logps).abs().max() < 1e-3  # sums of ~90 log-probs, each within 1e-5
     assert relative(gradient_fused, gradient) < 1e-5
+    if name.startswith("ligand"):
+        return  # bf16 takes the same path (the interpreter multiplies in fp32): once is enough
     logps16, gradient16 = step(fused_model, batch, "bf16")
     assert ((logps16 - logps).abs() <= 2**-7 * logps.abs()).all()
     assert F.cosine_similarity(gradient16, gradient, dim=0) > 0.99
