@@ -51,6 +51,12 @@ def use_fused_kernels(model: nn.Module, on: bool) -> None:
             module.fused = on
 
 
+def runs_fused(layer: nn.Module, x: Tensor) -> bool:
+    """Whether ``layer``'s message MLP (its ``W2``) on ``x`` runs as a fused kernel: turned on
+    (:func:`use_fused_kernels`), a device and dtype the kernels take, no LoRA dropout on ``W2``."""
+    return layer.fused and fused.available(x) and applies_merged(layer.W2)
+
+
 def weight(linear: nn.Module) -> Tensor:
     """The matrix a linear map applies, for the layers that use it in blocks instead of calling the map:
     its weight, plus the deltas of the active LoRA adapters (peft) where it carries them."""
@@ -165,10 +171,6 @@ class NodeLayer(nn.Module):
         self.act = nn.GELU()
         self.dense = PositionWiseFeedForward(num_hidden, num_hidden * 4)
 
-    def _fuses(self, x: Tensor) -> bool:
-        """Whether the message MLP on ``x``'s device runs as a fused kernel."""
-        return self.fused and fused.available(x) and applies_merged(self.W2)
-
     def _update_nodes(self, h_V: Tensor, summed: Tensor, count: Tensor | int, mask_V: Tensor) -> Tensor:
         """New node states from ``summed``, the sum over ``count`` neighbours of the message MLP's hidden
         layer before ``W3`` (``W3`` is linear, so it is applied once, after the sum); zero where ``mask_V``
@@ -228,7 +230,7 @@ class EncLayer(nn.Module):
     def forward(
         self, h_V: Tensor, h_E: Tensor, E_idx: Tensor, mask_V: Tensor, mask_attend: Tensor
     ) -> tuple[Tensor, Tensor]:
-        fuses = self.fused and fused.available(h_E) and applies_merged(self.W2)
+        fuses = runs_fused(self, h_E)
         if fuses:
             node_i, edges, node_j = self._blocks(self.W1, h_V, h_E)
             summed = fused.message_sum(
@@ -280,7 +282,7 @@ class DecLayer(NodeLayer):
             W_i, W_e, W_s, W_j = weight(self.W1).split([H, enc.h_E.shape[-1], h_S.shape[-1], H], dim=1)
             structure = F.linear(enc.h_E, W_e).add_(gather_nodes(F.linear(enc.h_V, W_j), enc.E_idx))
             visible = F.linear(h_S, W_s) + F.linear(h_V - enc.h_V.unsqueeze(2), W_j)
-            if self._fuses(structure):
+            if runs_fused(self, structure):
                 summed = fused.message_sum(
                     structure.flatten(0, 1), F.linear(h_V, W_i, self.W1.bias).flatten(0, 1),
                     weight(self.W2), self.W2.bias, table=visible.flatten(0, 1),
@@ -343,7 +345,7 @@ class ContextLayer(NodeLayer):
             bias = bias + F.linear(edge_projection.bias, W_e)
             W_e = W_e @ weight(edge_projection)
         edges, node_i = F.linear(h_E, W_e), F.linear(h_V, W_v, bias)
-        if self._fuses(edges):
+        if runs_fused(self, edges):
             summed = fused.message_sum(
                 edges.flatten(0, -3), node_i.flatten(0, -2)[:, None], weight(self.W2), self.W2.bias,
                 weight=mask_attend.flatten(0, -2)[..., None],
