@@ -26,6 +26,7 @@ from dpo_inv.errors import BadInput, DataError
 from dpo_inv.training.exits import EXIT_BAD_INPUT
 from dpo_inv.training.launch import setup_environment, threads_per_process
 from dpo_inv.training.stopping import TrainingStopped, leave_process_group
+from dpo_inv.training.trl_options import NOT_APPLICABLE, not_applicable
 
 # A path the user named that is not there or cannot be used; any OSError naming its path (disk full) too.
 PATH_ERRORS = (FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError)
@@ -61,10 +62,13 @@ def command_parser(command: ModuleType, prog: str) -> TrlParser:
     parser = TrlParser(
         dataclass_types=[command.Config], prog=prog, description=command.__doc__,
         epilog=getattr(command, "EPILOG", None), formatter_class=HelpFormatter, usage=usage,
+        allow_abbrev=False,  # --learning_rat is a typo, not learning_rate
     )  # fmt: skip
     for action in parser._actions:
         if isinstance(action, argparse._StoreFalseAction) and action.option_strings[0].startswith("--no_"):
             action.help, action.default = f"Turn --{action.dest} off.", argparse.SUPPRESS
+        if getattr(action.type, "__name__", None) == "string_to_bool" and action.nargs is None:
+            action.nargs, action.const = "?", True  # `--bf16` alone, for a flag whose default is None
     parser.add_argument(
         "--debug",
         action="store_true",
@@ -93,21 +97,36 @@ def parse(command: str, args: list[str] | None = None, prog: str = "dpo-inv") ->
         )
     except (ValueError, OSError, yaml.YAMLError) as err:
         exit_bad_input(parser, " ".join(str(err).split()))
+    options = [action.dest for action in parser._actions]
     if unknown:
-        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+        named = [text.split("=")[0] for text in unknown if text.startswith("-")]
+        if not named:
+            parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+        exit_bad_input(parser, unknown_line("option", [name.lstrip("-") for name in named], options, "--"))
     keys = [text[2:] for text in from_file if text.startswith("--")]
     if keys:
-        options = [action.dest for action in parser._actions]
-        closest = {key: difflib.get_close_matches(key, options, 1) for key in keys}
-        named = [f"{key} (did you mean {close[0]}?)" if close else key for key, close in closest.items()]
         path = args[args.index("--config") + 1]
-        exit_bad_input(parser, f"{path}: unknown key {', '.join(named)}")
+        exit_bad_input(parser, f"{path}: {unknown_line('key', keys, options)}")
     if positional := getattr(module, "POSITIONAL", None):
         field, metavar, what = positional
         if (namespace.positional is None) == (getattr(config, field) is None):
             parser.error(f"give the {what} once: {metavar} or --{field}")
         setattr(config, field, getattr(config, field) or namespace.positional)
     return config, namespace.debug
+
+
+def unknown_line(kind: str, names: list[str], options: list[str], dashes: str = "") -> str:
+    """What to say of unknown keys or options: for a TRL option that does not apply, why and what to write
+    instead; else each named with the closest option."""
+    for name in names:
+        if (reason := not_applicable(name)) is not None:
+            return f"{dashes}{reason}"
+    known = [*options, *NOT_APPLICABLE]
+    named = []
+    for name in names:
+        close = difflib.get_close_matches(name, known, 1)
+        named.append(f"{dashes}{name}" + (f" (did you mean {dashes}{close[0]}?)" if close else ""))
+    return f"unknown {kind} {', '.join(named)}"
 
 
 def run(command: str, args: list[str] | None = None, prog: str = "dpo-inv") -> None:

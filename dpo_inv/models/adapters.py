@@ -27,6 +27,8 @@ BASE_FILE = "base_model.json"  # the base's weights, summarised: an adapter is r
 # the linear maps of every message-passing layer (encoder, decoder, LigandMPNN's context layers) and the
 # output head
 DEFAULT_TARGETS = ("W1", "W2", "W3", "W11", "W12", "W13", "W_in", "W_out")
+ALL_LINEAR = "all-linear"  # peft's name for every linear map but the output head
+OUTPUT_HEAD = "W_out"
 
 
 @dataclass(kw_only=True)
@@ -55,7 +57,8 @@ class LoraOptions:
     lora_target_modules: list[str] | None = field(
         default=None,
         metadata={
-            "help": "The linear maps that get adapters, by name or its last part; default: "
+            "help": "The linear maps that get adapters, by name or its last part, or all-linear (peft's: "
+            "every linear map but the output head W_out); default: "
             f"{' '.join(DEFAULT_TARGETS)} (every message-passing layer's maps and the output head; for "
             "adapt, the maps of the layers it trains)."
         },
@@ -131,6 +134,13 @@ def module_names(
     return list(names)
 
 
+def all_linear(model: ProteinMPNN) -> list[str]:
+    """peft's all-linear: every linear map but the output head, by the last part of its name (the last two
+    where the last is the head's: dense.W_out)."""
+    linear = [name for name, m in model.named_modules() if isinstance(m, nn.Linear) and name != OUTPUT_HEAD]
+    return sorted({".".join(name.split(".")[-1 - (name.endswith(f".{OUTPUT_HEAD}")) :]) for name in linear})
+
+
 def add_adapter(
     model: ProteinMPNN,
     r: int,
@@ -145,6 +155,8 @@ def add_adapter(
     name = model.config.name_or_path
     base = str(Path(name).resolve()) if Path(name).exists() else name  # loads from any working directory
     targets = targets or DEFAULT_TARGETS
+    if targets in (ALL_LINEAR, [ALL_LINEAR]):
+        targets = all_linear(model)
     if not isinstance(targets, str):  # a regular expression is peft's to match
         targets = module_names(model, targets, "lora_target_modules", nn.Linear)
     config = LoraConfig(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import os
 from dataclasses import asdict, dataclass, field, fields
 from importlib.util import find_spec
 from typing import Literal
@@ -24,6 +26,8 @@ PAIR_METRICS = (
     *(f"eval_{name}" for name in dict.fromkeys(METRICS + kto.METRICS + sft.METRICS)),
     "eval_recovery",
 )
+PRECISIONS = ("no", "bf16", "fp16")
+SAVE_STEPS = 500  # save_strategy steps without save_steps, as in Transformers
 VARIANT_METRICS = ("eval_spearman", "eval_spearman_median", "eval_native_recovery", "eval_native_logp")
 EPILOG = (
     f"Exit status: 0 when training finished; {EXIT_BAD_INPUT} on bad input: a bad option, or bad "
@@ -208,8 +212,17 @@ class DPOConfig(LoraOptions, DecodingOrderOptions):
         default="linear",
         **field_help("A transformers.get_scheduler name: linear, cosine, constant_with_warmup, ..."),
     )
+    adam_beta1: float = field(default=0.9, **field_help("AdamW's beta1."))
+    adam_beta2: float = field(default=0.999, **field_help("AdamW's beta2."))
+    adam_epsilon: float = field(default=1e-8, **field_help("AdamW's epsilon."))
     warmup_ratio: float = field(default=0.1, **field_help("Warm-up as a fraction of the optimizer steps."))
-    warmup_steps: int = field(default=0, **field_help("Warm-up steps; overrides warmup_ratio when > 0."))
+    warmup_steps: float = field(
+        default=0,
+        **field_help(
+            "Warm-up steps; overrides warmup_ratio when > 0; below 1, a fraction of the optimizer steps "
+            "(as in Transformers)."
+        ),
+    )
     per_device_train_batch_size: int = field(default=8, **field_help("Pairs per device per micro-batch."))
     per_device_train_batch_residues: int | None = field(
         default=None,
@@ -237,8 +250,27 @@ class DPOConfig(LoraOptions, DecodingOrderOptions):
     max_steps: int = field(
         default=-1, **field_help("Optimizer steps in total; > 0 overrides num_train_epochs.")
     )
-    mixed_precision: Literal["no", "fp16", "bf16"] = field(
-        default="no", **field_help("Accelerate autocast precision.")
+    mixed_precision: Literal["no", "fp16", "bf16"] | None = field(
+        default=None,
+        **field_help(
+            "Accelerate autocast precision; default: bf16 or fp16 where that flag is true, else what "
+            "`accelerate launch --mixed_precision` set, else no."
+        ),
+    )
+    bf16: bool | None = field(
+        default=None,
+        **field_help("TRL's and Transformers' flag: true is mixed_precision bf16, false is no (fp32)."),
+    )
+    fp16: bool | None = field(
+        default=None,
+        **field_help("TRL's and Transformers' flag: true is mixed_precision fp16 (a GPU's), false is no."),
+    )
+    tf32: bool | None = field(
+        default=None,
+        **field_help(
+            "TensorFloat-32 matrix products on an NVIDIA GPU (Ampere or newer): faster fp32 steps, with "
+            "a 10-bit mantissa; default: torch's setting."
+        ),
     )
     fused_kernels: bool = field(
         default=False,
@@ -265,9 +297,22 @@ class DPOConfig(LoraOptions, DecodingOrderOptions):
     output_dir: str = field(
         default="outputs/dpo", **field_help("Where config, metrics, checkpoints and models go.")
     )
+    logging_strategy: Literal["steps", "epoch", "no"] = field(
+        default="steps",
+        **field_help("Log training metrics every logging_steps, at each epoch's end, or not at all."),
+    )
     logging_steps: int = field(default=10, **field_help("Log training metrics every N optimizer steps."))
+    logging_first_step: bool = field(default=False, **field_help("Log the first optimizer step too."))
+    eval_strategy: Literal["steps", "epoch", "no"] | None = field(
+        default=None,
+        **field_help(
+            "Evaluate every eval_steps (default: logging_steps), at each epoch's end, or not at all "
+            "(eval_on_start still evaluates the starting model); default: steps where eval_steps is given, "
+            "else epoch. The last step is always evaluated, unless no."
+        ),
+    )
     eval_steps: int | None = field(
-        default=None, **field_help("Evaluate every N optimizer steps; default: each epoch.")
+        default=None, **field_help("Evaluate every N optimizer steps (eval_strategy steps).")
     )
     eval_on_start: bool = field(
         default=False,
@@ -275,8 +320,16 @@ class DPOConfig(LoraOptions, DecodingOrderOptions):
             "Evaluate the starting model too, at step 0 (it stays in best/ unless training beats it)."
         ),
     )
+    save_strategy: Literal["steps", "epoch", "no"] | None = field(
+        default=None,
+        **field_help(
+            "Checkpoint every save_steps (default: 500, as Transformers), at each epoch's end, or never "
+            "(a run stopped by a signal or by non-finite steps still saves one to resume from); default: "
+            "steps where save_steps is given, else epoch. The last step is always saved, unless no."
+        ),
+    )
     save_steps: int | None = field(
-        default=None, **field_help("Checkpoint every N optimizer steps; default: each epoch.")
+        default=None, **field_help("Checkpoint every N optimizer steps (save_strategy steps).")
     )
     metric_for_best_model: str | None = field(
         default=None,
@@ -311,8 +364,9 @@ class DPOConfig(LoraOptions, DecodingOrderOptions):
     resume_from_checkpoint: str | None = field(
         default=None,
         **field_help(
-            "latest (the newest complete checkpoint in output_dir), or a checkpoint directory, to continue "
-            "a run exactly, e.g. after it stopped on SIGTERM or SIGUSR1."
+            "latest (the newest complete checkpoint in output_dir; true says the same, as in "
+            "Transformers), or a checkpoint directory, to continue a run exactly, e.g. after it stopped on "
+            "SIGTERM or SIGUSR1."
         ),
     )
     report_to: list[str] = field(
@@ -355,17 +409,20 @@ class DPOConfig(LoraOptions, DecodingOrderOptions):
             positive=("beta", "learning_rate", "num_train_epochs", "per_device_train_batch_size",
                       "per_device_train_batch_residues", "per_device_eval_batch_size",
                       "gradient_accumulation_steps", "num_decoding_orders", "logging_steps", "eval_steps",
-                      "save_steps", "dataset_num_proc", "ddp_timeout", "max_consecutive_nonfinite"),
+                      "save_steps", "dataset_num_proc", "ddp_timeout", "max_consecutive_nonfinite",
+                      "adam_epsilon"),
             non_negative=("backbone_noise", "label_smoothing_factor", "eval_split", "weight_decay",
                           "warmup_ratio", "warmup_steps", "max_grad_norm", "label_smoothing",
                           "rpo_alpha", "residue_margin",
                           "residue_constraint_weight", "anchor_weight", "desirable_weight",
                           "undesirable_weight", "dataloader_num_workers", "loss_weights",
-                          "recovery_tolerance"),
+                          "recovery_tolerance", "adam_beta1", "adam_beta2"),
         )  # fmt: skip
         limits = (("eval_split", self.eval_split < 1, "< 1"),
                   ("warmup_ratio", self.warmup_ratio <= 1, "<= 1"),
-                  ("label_smoothing", self.label_smoothing < 0.5, "< 0.5"))  # fmt: skip
+                  ("label_smoothing", self.label_smoothing < 0.5, "< 0.5"),
+                  ("adam_beta1", self.adam_beta1 < 1, "< 1"),
+                  ("adam_beta2", self.adam_beta2 < 1, "< 1"))  # fmt: skip
         for name, ok, rule in limits:
             if not ok:
                 raise OptionError(f"{name} must be {rule}, got {getattr(self, name)}")
@@ -383,7 +440,16 @@ class DPOConfig(LoraOptions, DecodingOrderOptions):
             )
         if self.save_total_limit is not None and self.save_total_limit < 1:
             raise OptionError("save_total_limit must be at least 1 (or None: keep all)")
-
+        if self.warmup_steps >= 1 and self.warmup_steps != int(self.warmup_steps):
+            raise OptionError(
+                f"warmup_steps must be a whole number of steps, or below 1, got {self.warmup_steps}"
+            )
+        if str(self.resume_from_checkpoint).lower() in ("true", "false"):  # Transformers' true: the latest
+            self.resume_from_checkpoint = (
+                "latest" if str(self.resume_from_checkpoint).lower() == "true" else None
+            )
+        self.resolve_precision()
+        self.resolve_schedules()
         self.resolve_metric_for_best_model()
 
     @property
@@ -444,6 +510,50 @@ class DPOConfig(LoraOptions, DecodingOrderOptions):
             )
         if self.residue_constraint_weight and "residpo" not in self.loss_type:
             raise OptionError("residue_constraint_weight belongs to loss_type residpo")
+
+    def resolve_precision(self) -> None:
+        """mixed_precision from TRL's bf16 and fp16 flags (then cleared: mixed_precision holds what they
+        said), else from `accelerate launch --mixed_precision`, else no; a flag that disagrees is refused."""
+        on = [name for name in ("bf16", "fp16") if getattr(self, name)]
+        off = [name for name in ("bf16", "fp16") if getattr(self, name) is False]
+        if len(on) > 1:
+            raise OptionError("bf16 and fp16 are both true: choose one")
+        if self.mixed_precision is None:
+            launcher = os.environ.get("ACCELERATE_MIXED_PRECISION", "no")
+            if launcher not in PRECISIONS:
+                trains = ", ".join(PRECISIONS)
+                raise OptionError(
+                    f"accelerate launch --mixed_precision {launcher}: dpo_inv trains in {trains}"
+                )
+            self.mixed_precision = on[0] if on else "no" if launcher in off else launcher
+        for name in on + off:
+            if (name == self.mixed_precision) != (name in on):
+                raise OptionError(
+                    f"{name} {str(name in on).lower()} and mixed_precision {self.mixed_precision} disagree: "
+                    f"give one of them"
+                )
+        self.bf16 = self.fp16 = None
+
+    def resolve_schedules(self) -> None:
+        """eval_strategy and save_strategy where not given: steps where their steps are, else epoch; their
+        steps where not given (Transformers' defaults: logging_steps, 500)."""
+        for kind, default in (("eval", self.logging_steps), ("save", SAVE_STEPS)):
+            strategy, steps = getattr(self, f"{kind}_strategy"), getattr(self, f"{kind}_steps")
+            strategy = strategy or ("steps" if steps else "epoch")
+            if strategy != "steps" and steps is not None:
+                raise OptionError(
+                    f"{kind}_steps {steps} is for {kind}_strategy steps, not {strategy}: drop one of them"
+                )
+            setattr(self, f"{kind}_strategy", strategy)
+            setattr(self, f"{kind}_steps", default if strategy == "steps" and steps is None else steps)
+        if self.load_best_model_at_end and self.eval_strategy == "no":
+            raise OptionError("load_best_model_at_end needs evaluations: eval_strategy steps or epoch")
+
+    def warmup(self, total_steps: int) -> int:
+        """Warm-up optimizer steps: warmup_steps, below 1 a fraction of ``total_steps``, else warmup_ratio."""
+        if self.warmup_steps >= 1:
+            return int(self.warmup_steps)
+        return math.ceil((self.warmup_steps or self.warmup_ratio) * total_steps)
 
     def resolve_metric_for_best_model(self) -> None:
         """Fill in the defaults of metric_for_best_model and greater_is_better (Transformers' rules) and

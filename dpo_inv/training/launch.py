@@ -11,6 +11,7 @@ import ctypes
 import importlib
 import os
 import re
+import shlex
 import time
 import warnings
 from collections.abc import Iterator, MutableMapping
@@ -104,6 +105,50 @@ def setup_environment(env: MutableMapping[str, str] | None = None) -> LaunchInfo
         local_world_size=int(env.get("LOCAL_WORLD_SIZE", 1)),
         master_addr=env.get("MASTER_ADDR", "127.0.0.1"),
         master_port=env.get("MASTER_PORT", DEFAULT_PORT),
+    )
+
+
+def accelerate_launch_args(pid: int | None = None) -> list[str] | None:
+    """The arguments after `accelerate launch` where that command started process ``pid`` (default: this
+    one) itself, as its single-process launcher does; else None (torchrun, mpiexec, a shell)."""
+    try:
+        argv = Path(f"/proc/{os.getppid() if pid is None else pid}/cmdline").read_bytes().decode().split("\0")
+    except (OSError, UnicodeDecodeError):
+        return None
+    for i, arg in enumerate(argv):
+        if arg == "accelerate.commands.launch":
+            return argv[i + 1 : -1]
+        if Path(arg).name == "accelerate" and argv[i + 1 : i + 2] == ["launch"]:
+            return argv[i + 2 : -1]
+    return None
+
+
+def check_processes_asked(world_size: int, pid: int | None = None) -> None:
+    """Refuse a run of fewer processes than `accelerate launch --num_processes N` asked for: without
+    several GPUs it starts one process; the error gives the line that starts N."""
+    args = accelerate_launch_args(pid)
+    if args is None:
+        return
+    from accelerate.commands.launch import launch_command_parser
+
+    try:
+        asked = launch_command_parser().parse_known_args(args)[0].num_processes
+    except SystemExit:
+        return
+    if asked is None or asked == world_size:
+        return
+    devices = torch.cuda.device_count() or (torch.xpu.device_count() if hasattr(torch, "xpu") else 0)
+    if devices:
+        options = [a for a in args if not a.startswith("--num_processes")]
+        line = shlex.join(["accelerate", "launch", "--num_processes", str(devices), *options])
+        why = f"this machine has {devices} GPU(s), one process each"
+    else:
+        line = shlex.join(["accelerate", "launch", "--multi_gpu", *args])
+        why = (
+            "on a machine without several GPUs Accelerate starts one unless given --multi_gpu (gloo on a CPU)"
+        )
+    raise OptionError(
+        f"accelerate launch --num_processes {asked} started {world_size} process(es): {why}; run: {line}"
     )
 
 

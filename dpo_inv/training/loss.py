@@ -15,6 +15,9 @@ from dpo_inv.models.mpnn import decoding_ranks, derive_seed
 LOSS_TYPES = ("sigmoid", "ipo", "hinge", "robust", "residpo", "sft")
 METRICS = ("loss", "rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins",
            "logps/chosen", "logps/rejected")  # fmt: skip
+# rounding of a margin, relative to the summed log-probabilities it comes from: several of fp32's units in the
+# last place (1.2e-7), as the same model scored in other batches or kernels differs by
+ROUNDING = 1e-6
 
 
 @dataclass
@@ -80,6 +83,19 @@ class DPOOutput:
     losses: torch.Tensor
     chosen_rewards: torch.Tensor
     rejected_rewards: torch.Tensor
+
+
+def reward_accuracies(
+    out: DPOOutput, policy: PairLogps, reference: PairLogps | None, beta: float
+) -> torch.Tensor:
+    """TRL's rewards/accuracies, but a pair counts as right only where its margin is above zero by more
+    than rounding: ROUNDING times beta times the magnitudes of the summed log-probabilities it comes from.
+    A policy that equals its reference, bit for bit or not, has accuracy 0."""
+    scale = policy.chosen.abs() + policy.rejected.abs()
+    if reference is not None:
+        scale = scale + reference.chosen.abs() + reference.rejected.abs()
+    margins = out.chosen_rewards - out.rejected_rewards
+    return (margins > ROUNDING * beta * scale.detach()).float()
 
 
 def example_seeds(seed: int, indices: torch.Tensor, epoch: int) -> list[int]:

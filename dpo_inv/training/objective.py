@@ -20,6 +20,7 @@ from dpo_inv.training.loss import (
     batch_ranks,
     pair_logps,
     preference_loss,
+    reward_accuracies,
 )
 
 Rows = dict[str, torch.Tensor]  # per-example metric values by name, each [B]
@@ -110,7 +111,7 @@ def step_metrics(
         "loss": losses.detach(),
         "rewards/chosen": out.chosen_rewards,
         "rewards/rejected": out.rejected_rewards,
-        "rewards/accuracies": (out.chosen_rewards > out.rejected_rewards).float(),
+        "rewards/accuracies": reward_accuracies(out, policy, ref, config.beta),
         "rewards/margins": out.chosen_rewards - out.rejected_rewards,
         "logps/chosen": policy.chosen.detach(),
         "logps/rejected": policy.rejected.detach(),

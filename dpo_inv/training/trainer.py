@@ -26,11 +26,13 @@ from peft import PeftModel
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 from transformers import get_scheduler
+from transformers.integrations.integration_utils import rewrite_logs
 
 from dpo_inv.data.batches import ExampleDataset, LengthGroupedSampler, ResidueBatchSampler, collate
 from dpo_inv.data.dataset import column
 from dpo_inv.data.progress import progress
 from dpo_inv.data.records import Data, is_file
+from dpo_inv.errors import OptionError
 from dpo_inv.models.adapters import (
     WithoutAdapters,
     adapter_base,
@@ -54,8 +56,10 @@ from dpo_inv.training.checkpoints import (
 from dpo_inv.training.config import DPOConfig
 from dpo_inv.training.evaluation import describe, eval_structures, run_evaluation, update_best
 from dpo_inv.training.launch import (
+    check_processes_asked,
     cpu_computes_bf16,
     device_backend,
+    resolve_device,
     reuse_freed_memory,
     say,
     setup_environment,
@@ -63,6 +67,7 @@ from dpo_inv.training.launch import (
     threads_per_process,
 )
 from dpo_inv.training.loading import RunData, load_data, precompute_reference, save_in_memory
+from dpo_inv.training.model_card import Trained, write_model_card
 from dpo_inv.training.objective import Rows, add_rows, step_metrics, summarize
 from dpo_inv.training.output_lock import output_lock
 from dpo_inv.training.plot import plot
@@ -73,6 +78,8 @@ def build_accelerator(config: DPOConfig, **options: Any) -> tuple[Accelerator, s
     """The Accelerator for the launch environment (process group, backend, precision, compilation) and a
     description of the set-up; `options` go to the Accelerator (trackers, project folder)."""
     launch = setup_environment()
+    check_processes_asked(launch.world_size)
+    check_precision(config)
     threads = threads_per_process(launch.local_world_size)
     reuse_freed_memory()
     device_type, backend = device_backend(config.backend) if launch.world_size > 1 else (None, None)
@@ -106,6 +113,20 @@ def build_accelerator(config: DPOConfig, **options: Any) -> tuple[Accelerator, s
         )
     setup = f"{backend or 'no'} backend, {launch.launcher} launch, {threads} thread(s) each"
     return accelerator, setup
+
+
+def check_precision(config: DPOConfig) -> None:
+    """fp16 and tf32 as Transformers takes them: on a GPU only (tf32 on NVIDIA's); tf32 set for torch."""
+    device = resolve_device(None).type
+    if config.mixed_precision == "fp16" and device == "cpu":
+        raise OptionError(
+            "mixed_precision fp16 (fp16 true) needs a GPU: on a CPU use bf16 (native on CPUs with AVX-512 "
+            "BF16 or AMX) or no"
+        )
+    if config.tf32 is not None:
+        if device != "cuda" and config.tf32:
+            raise OptionError(f"tf32 true needs an NVIDIA GPU (Ampere or newer), not {device}: drop tf32")
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = config.tf32
 
 
 def model_overrides(config: DPOConfig) -> dict[str, float]:
@@ -186,8 +207,9 @@ class Steps:
     per_epoch: int
     total: int
     epochs: int
-    eval_every: int
-    save_every: int
+    log_every: int | None  # None: never (logging_strategy, eval_strategy, save_strategy no)
+    eval_every: int | None
+    save_every: int | None
 
     @classmethod
     def plan(cls, config: DPOConfig, batches_per_epoch: int) -> Steps:
@@ -197,9 +219,21 @@ class Steps:
             per_epoch=per_epoch,
             total=total,
             epochs=math.ceil(total / per_epoch),
-            eval_every=config.eval_steps or per_epoch,
-            save_every=config.save_steps or per_epoch,
+            log_every=every(config.logging_strategy, config.logging_steps, per_epoch),
+            eval_every=every(config.eval_strategy, config.eval_steps, per_epoch),
+            save_every=every(config.save_strategy, config.save_steps, per_epoch),
         )
+
+
+def every(strategy: str, steps: int | None, per_epoch: int) -> int | None:
+    """Optimizer steps between two logs, evaluations or checkpoints of a strategy; None: never."""
+    return {"steps": steps, "epoch": per_epoch, "no": None}[strategy]
+
+
+def due(every: int | None, step: int, last: bool) -> bool:
+    """Whether a schedule of ``every`` steps (None: never) logs, evaluates or saves at ``step``, or at the
+    last step of a run."""
+    return every is not None and (step % every == 0 or last)
 
 
 @dataclass
@@ -242,11 +276,12 @@ class Run:
         return self.eval_loader is not None or self.data.variants is not None
 
     def log(self, metrics: dict[str, float]) -> None:
-        """Rank 0 appends one JSON object to metrics.jsonl; the trackers get it too."""
+        """Rank 0 appends one JSON object to metrics.jsonl (TRL's log names: loss, eval_loss); the trackers
+        get it with TRL's tags (train/loss, eval/loss)."""
         if self.accelerator.is_main_process:
             with open(self.output_dir / "metrics.jsonl", "a") as handle:
                 handle.write(json.dumps({"step": self.state.global_step, **metrics}) + "\n")
-        self.accelerator.log(metrics, step=self.log_step_offset + self.state.global_step)
+        self.accelerator.log(rewrite_logs(metrics), step=self.log_step_offset + self.state.global_step)
 
 
 def prepare_run(
@@ -279,7 +314,14 @@ def prepare_run(
         eval_loader = DataLoader(ExampleDataset(data.eval), config.per_device_eval_batch_size, **options)
         recovery_structures = eval_structures(accelerator, data.eval)
     trained = [p for p in model.parameters() if p.requires_grad]  # with use_peft, the adapters
-    optimizer = torch.optim.AdamW(trained, lr=config.learning_rate, weight_decay=config.weight_decay)
+    betas = (config.adam_beta1, config.adam_beta2)
+    optimizer = torch.optim.AdamW(
+        trained,
+        lr=config.learning_rate,
+        betas=betas,
+        eps=config.adam_epsilon,
+        weight_decay=config.weight_decay,
+    )
     model, optimizer, train_loader, eval_loader = accelerator.prepare(
         model, optimizer, train_loader, eval_loader
     )
@@ -287,7 +329,7 @@ def prepare_run(
     scheduler = get_scheduler(
         config.lr_scheduler_type,
         optimizer,
-        num_warmup_steps=config.warmup_steps or math.ceil(config.warmup_ratio * steps.total),
+        num_warmup_steps=config.warmup(steps.total),
         num_training_steps=steps.total,
     )
     accelerator.register_for_checkpointing(scheduler)
@@ -524,11 +566,12 @@ def train_loop(run: Run) -> None:
                 )
                 stop = stop_reason(run, nonfinite_in_a_row, signals)
                 last = state.global_step >= steps.total
-                if state.global_step % config.logging_steps == 0 or last or stop:
+                first = config.logging_first_step and state.global_step == 1
+                if due(steps.log_every, state.global_step, last or stop is not None) or first:
                     window = log_window(run, window, epoch)
-                if run.has_eval and not stop and (state.global_step % steps.eval_every == 0 or last):
+                if run.has_eval and not stop and due(steps.eval_every, state.global_step, last):
                     evaluate(run)
-                if state.global_step % steps.save_every == 0 or last or stop:
+                if due(steps.save_every, state.global_step, last) or stop:
                     save_checkpoint(accelerator, config, state)
                 if stop:
                     raise stop
@@ -551,11 +594,30 @@ def finish(run: Run) -> None:
         done += (
             f"best {config.metric_for_best_model} {state.best_metric:.4f} at step {state.best_step}: that "
         )
+        chosen = f"the model of the best {config.metric_for_best_model}, at step {state.best_step}"
     else:
         save_model(accelerator, run.model, run.output_dir / "final")
+        chosen = f"the model of the last step, {state.global_step}"
+    if accelerator.is_main_process:
+        write_model_card(config, trained_summary(run, chosen), run.output_dir / "final")
     say(accelerator, f"Done: {done}model saved to {run.output_dir / 'final'}")
     if accelerator.is_main_process and importlib.util.find_spec("matplotlib") is not None:
         plot(run.output_dir)
+
+
+def trained_summary(run: Run, chosen: str) -> Trained:
+    """What the model card says was trained: the data, the steps, which model, the last metrics."""
+    data = run.data
+    return Trained(
+        examples=len(data.train.records),
+        structures=len(np.unique(column(data.train.records, "structure_id"))),
+        eval_examples=0 if data.eval is None else len(data.eval.records),
+        steps=run.state.global_step,
+        epochs=run.state.global_step / run.steps.per_epoch,
+        chosen=chosen,
+        metrics={**run.train_metrics, **run.eval_metrics},
+        ligand=run.accelerator.unwrap_model(run.model).config.ligand_mpnn_family,
+    )
 
 
 @dataclass
