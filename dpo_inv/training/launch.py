@@ -109,8 +109,9 @@ def setup_environment(env: MutableMapping[str, str] | None = None) -> LaunchInfo
 
 
 def accelerate_launch_args(pid: int | None = None) -> list[str] | None:
-    """The arguments after `accelerate launch` where that command started process ``pid`` (default: this
-    one) itself, as its single-process launcher does; else None (torchrun, mpiexec, a shell)."""
+    """The arguments after `accelerate launch` where process ``pid`` (default: this one's parent) is that
+    command, which starts one process itself (its single-process launcher); else None (torchrun,
+    mpiexec, a shell)."""
     try:
         argv = Path(f"/proc/{os.getppid() if pid is None else pid}/cmdline").read_bytes().decode().split("\0")
     except (OSError, UnicodeDecodeError):
@@ -124,8 +125,9 @@ def accelerate_launch_args(pid: int | None = None) -> list[str] | None:
 
 
 def check_processes_asked(world_size: int, pid: int | None = None) -> None:
-    """Refuse a run of fewer processes than `accelerate launch --num_processes N` asked for: without
-    several GPUs it starts one process; the error gives the line that starts N."""
+    """Refuse a run of another number of processes than `accelerate launch --num_processes N` (process
+    ``pid``, default: this one's parent) asked for: without several GPUs it starts one process; the error
+    gives the line that starts N."""
     args = accelerate_launch_args(pid)
     if args is None:
         return
@@ -143,10 +145,8 @@ def check_processes_asked(world_size: int, pid: int | None = None) -> None:
         line = shlex.join(["accelerate", "launch", "--num_processes", str(devices), *options])
         why = f"this machine has {devices} GPU(s), one process each"
     else:
-        line = shlex.join(["accelerate", "launch", "--multi_gpu", *args])
-        why = (
-            "on a machine without several GPUs Accelerate starts one unless given --multi_gpu (gloo on a CPU)"
-        )
+        line = shlex.join(["accelerate", "launch", "--multi_gpu", *(a for a in args if a != "--cpu")])
+        why = "without several GPUs, Accelerate starts one unless given --multi_gpu (on a CPU: gloo)"
     raise OptionError(
         f"accelerate launch --num_processes {asked} started {world_size} process(es): {why}; run: {line}"
     )

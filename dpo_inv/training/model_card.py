@@ -118,7 +118,8 @@ def model_card(config: DPOConfig, trained: Trained, folder: Path) -> str:
 # Model card for {folder.name}
 
 This model is {adapter}`{config.model_name_or_path}` fine-tuned by {method} with dpo_inv on \
-{trained.examples} {unit} of {trained.structures} structures (`{config.train_file}`){evals}: \
+{trained.examples} {unit} of {trained.structures} structure{"s" * (trained.structures != 1)} \
+(`{config.train_file}`){evals}: \
 {trained.chosen}.
 
 ## Quick start
@@ -140,7 +141,8 @@ model = dpo_inv.load_model("{folder}")
 |---|---|
 {rows}
 
-The whole configuration is `config.yaml` beside this folder; the metrics of every step are in `metrics.jsonl`.
+The whole configuration is the run's `config.yaml`, beside this folder; the metrics of every step are in its
+`metrics.jsonl`.
 
 ## Results
 
