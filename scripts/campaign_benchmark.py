@@ -51,6 +51,7 @@ import argparse
 import csv
 import hashlib
 import json
+import multiprocessing
 import time
 from dataclasses import dataclass, replace
 from functools import cache
@@ -60,9 +61,11 @@ import numpy as np
 import torch
 
 from dpo_inv.campaign import acquisition, exploring
-from dpo_inv.campaign.acquisition import choose_batch, top_batch
+from dpo_inv.campaign.acquisition import top_batch
+from dpo_inv.campaign.batch import choose_batch
 from dpo_inv.campaign.config import NOISE_LEVELS
 from dpo_inv.campaign.history import variant_tokens
+from dpo_inv.campaign.predictors import DEFAULT_FAMILIES, FAMILIES
 from dpo_inv.campaign.propose import default_models
 from dpo_inv.campaign.round import CampaignState, RoundSettings, next_batch
 from dpo_inv.campaign.scoring import ModelScorer, example_ca
@@ -228,7 +231,7 @@ def campaign(
     top = set(np.flatnonzero(values >= threshold).tolist())  # the top 1%, and any tied with its last
     index = dict(zip(variant_keys(p.variants), range(len(p.variants)), strict=True))
     adapt = {None: "auto", True: "yes", False: "no"}[args.adapt]
-    settings = RoundSettings(args.batch, args.acquisition, args.members, adapt, seed)
+    settings = RoundSettings(args.batch, args.acquisition, args.members, adapt, seed, tuple(args.predictor))
     nothing = np.zeros((0, len(p.parent)), np.uint8)
     if args.first_round == "random":
         measured = list(rng.choice(len(values), args.initial, replace=False))
@@ -258,24 +261,154 @@ def campaign(
                 picked = left[top_batch(p.scores[left], args.batch)]
             else:  # augmented ridge
                 draw = seed + len(known)
-                chosen, mean, uncertainty, _ = choose_batch(
+                choice = choose_batch(
                     p.variants[known], values[known], p.scores[known], p.variants[left], p.scores[left],
                     p.parent, args.batch, "thompson", fit_seed=draw, draw_seed=draw, pairwise=False,
                     positional=False, substituted=False,
                 )  # fmt: skip
-                picked = left[chosen]
-                within = float(np.mean(np.abs(values[picked] - mean[chosen]) <= uncertainty[chosen]))
+                picked = left[choice.picked]
+                error = np.abs(values[picked] - choice.mean[choice.picked])
+                within = float(np.mean(error <= choice.uncertainty[choice.picked]))
         measured += list(picked)
     return history
 
 
+SUITE_PROTOCOLS = {3: (24, 4, 24), 4: (96, 4, 96)}  # sites: (first batch, rounds, batch) of the suite
+
+
+def suite_protocol(p: Problem) -> tuple[int, int, int]:
+    """The suite's protocol for a landscape of ``p``'s sites: 24 + 4 x 24 on three, 96 + 4 x 96 on four."""
+    sites = int((p.variants != p.parent).any(0).sum())
+    return SUITE_PROTOCOLS[min(max(sites, 3), 4)]
+
+
+def landscape_problems(folder: Path, args: argparse.Namespace) -> list[Problem]:
+    """The problems of one landscape folder, with the robustness settings applied."""
+    problems = [landscape_problem(folder, args.model, args.cache)]
+    return robust(problems if args.adapt else [sites_only(p) for p in problems], args)
+
+
+def robust(problems: list[Problem], args: argparse.Namespace) -> list[Problem]:
+    """``problems`` as `--synthetic` and `--prior_spearman` ask."""
+    if args.synthetic is not None:
+        problems = [nk_landscape(p, args.synthetic, s) for p in problems for s in range(args.synthetic_count)]
+    if args.prior_spearman is not None:
+        problems = [with_prior_spearman(p, args.prior_spearman, args.prior_seed) for p in problems]
+    return problems
+
+
+PROBLEMS: list[Problem] = []  # the problems the worker processes run campaigns on (inherited by fork)
+
+
+def run_one(task: tuple[str, int, int, argparse.Namespace]) -> list[tuple[float, float, float]]:
+    method, seed, index, args = task
+    return campaign(method, seed, PROBLEMS[index], args)
+
+
+def run_methods(problems: list[Problem], args: argparse.Namespace, start: float) -> dict:
+    """Every method's campaigns on ``problems`` over the seeds (``args.jobs`` processes): per method, the
+    mean and standard error of each round's best fraction, top 1% found and (methods that predict) share
+    within the uncertainty."""
+    PROBLEMS[:] = problems
+    tasks = [
+        (m, seed, i, args) for m in args.methods for i in range(len(problems)) for seed in range(args.seeds)
+    ]
+    if args.jobs > 1:
+        with multiprocessing.get_context("fork").Pool(args.jobs) as pool:
+            runs_of = pool.map(run_one, tasks, chunksize=1)
+    else:
+        runs_of = [run_one(task) for task in tasks]
+    results = {}
+    for method in args.methods:
+        runs = np.array([r for task, r in zip(tasks, runs_of, strict=True) if task[0] == method])
+        mean, se = runs.mean(0), runs.std(0, ddof=1) / np.sqrt(len(runs)) if len(runs) > 1 else 0 * runs[0]
+        table = [[[round(float(m), 3), round(float(s), 3)] for m, s in zip(mean[:, k], se[:, k], strict=True)]
+                 for k in range(3)]  # fmt: skip
+        results[method] = {"best_fraction": table[0], "top1_found": table[1]}
+        if not np.isnan(runs[:, 1:, 2]).any():  # the methods that predict: each round's batch
+            results[method]["within_uncertainty"] = table[2][1:]
+        print(f"{method}: best fraction {results[method]['best_fraction'][-1]}, top 1% found "
+              f"{results[method]['top1_found'][-1]} ({time.time() - start:.0f} s)", flush=True)  # fmt: skip
+    return results
+
+
+def table_row(name: str, first_round: str, measured: int, results: dict) -> str:
+    """One markdown row of the suite: best found ± s.e. and top 1% found, per method."""
+    cells = []
+    for method in METHODS:
+        if method in results:
+            (best, se), (top, _) = results[method]["best_fraction"][-1], results[method]["top1_found"][-1]
+            cells.append(f"{best:.3f} ± {se:.3f} / {100 * top:.1f}%")
+        else:
+            cells.append("")
+    first = "`propose`'s" if first_round == "zero_shot" else "at random"
+    return f"| {name} | {first} | {measured} | " + " | ".join(cells) + " |"
+
+
+def suite(args: argparse.Namespace, start: float) -> None:
+    """Every landscape of ``args.suite``, both first rounds, each with the protocol of its size; one table."""
+    rows, everything = [], {}
+    for folder in sorted(f for f in args.suite.iterdir() if (f / "landscape.json").exists()):
+        problems = landscape_problems(folder, args)
+        ranked = np.nanmean([spearman(p.scores, p.values) for p in problems])
+        initial, rounds, batch = suite_protocol(problems[0])
+        for first_round in ("zero_shot", "random"):
+            run = argparse.Namespace(**{**vars(args), "initial": initial, "rounds": rounds, "batch": batch,
+                                        "first_round": first_round})  # fmt: skip
+            print(f"{folder.name} ({ranked:.2f}), first round {first_round}:", flush=True)
+            results = run_methods(problems, run, start)
+            everything[f"{folder.name}/{first_round}"] = results
+            rows.append(
+                table_row(f"{folder.name} ({ranked:.2f})", first_round, initial + rounds * batch, results)
+            )
+    print(
+        "\n| landscape (zero-shot Spearman) | first round | measured | "
+        + " | ".join(f"{m}: best / top 1%" for m in METHODS)
+        + " |"
+    )
+    print("|---|---|---|" + "---|" * len(METHODS))
+    print("\n".join(rows))
+    print(f"({time.time() - start:.0f} s)")
+    print(json.dumps({"suite": everything}))
+
+
 def main() -> None:
+    args = arguments()
+    torch.set_num_threads(1)
+    if args.first_at_random is not None:
+        acquisition.FIRST_AT_RANDOM = args.first_at_random
+    if args.far_share is not None:
+        exploring.FAR_SHARE = args.far_share
+    start = time.time()
+    if args.suite:
+        suite(args, start)
+        return
+    if args.landscape:
+        problems = landscape_problems(args.landscape, args)
+    else:
+        problems = robust(scan_problems(args.scan, args), args)
+    ranked = np.nanmean([spearman(p.scores, p.values) for p in problems])
+    print(f"{len(problems)} proteins, {sum(len(p.values) for p in problems)} variants; zero-shot scored in "
+          f"{time.time() - start:.0f} s, its Spearman with the values {ranked:.3f} (mean over proteins)",
+          flush=True)  # fmt: skip
+    results = run_methods(problems, args, start)
+    measured = [args.initial + r * args.batch for r in range(args.rounds + 1)]
+    print(json.dumps({"measured": measured, "first_round": args.first_round, "methods": results}))
+
+
+def arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     where = parser.add_mutually_exclusive_group(required=True)
     where.add_argument("--landscape", type=Path)
     where.add_argument("--scan", type=Path)
+    where.add_argument(
+        "--suite",
+        type=Path,
+        help="Every landscape folder in it, both first rounds, each with the protocol of its size (24 + 4 x "
+        "24 on three sites, 96 + 4 x 96 on four).",
+    )
     parser.add_argument("--structure", help="The scan's structure (default: from reference.csv beside it).")
     parser.add_argument("--chain_id", default="A")
     parser.add_argument(
@@ -320,39 +453,21 @@ def main() -> None:
     )
     parser.add_argument("--cache", type=Path, default=Path("outputs/campaign_benchmark"),
                         help="Where a landscape's zero-shot scores are kept.")  # fmt: skip
+    parser.add_argument(
+        "--predictor",
+        nargs="+",
+        choices=FAMILIES,
+        default=list(DEFAULT_FAMILIES),
+        help="The predictor families dpo_inv chooses among by cross-validation on a library of few positions "
+        "(default: propose's, ridge and alive).",
+    )
+    parser.add_argument("--jobs", type=int, default=1, help="Campaigns run at once (processes).")
     args = parser.parse_args()
-    torch.set_num_threads(1)
-    if args.first_at_random is not None:
-        acquisition.FIRST_AT_RANDOM = args.first_at_random
-    if args.far_share is not None:
-        exploring.FAR_SHARE = args.far_share
-    start = time.time()
-    if args.landscape:
-        problems = [landscape_problem(args.landscape, args.model, args.cache)]
-        problems = problems if args.adapt else [sites_only(p) for p in problems]
-    else:
-        problems = scan_problems(args.scan, args)
-    if args.synthetic is not None:
-        problems = [nk_landscape(p, args.synthetic, s) for p in problems for s in range(args.synthetic_count)]
-    if args.prior_spearman is not None:
-        problems = [with_prior_spearman(p, args.prior_spearman, args.prior_seed) for p in problems]
-    ranked = np.nanmean([spearman(p.scores, p.values) for p in problems])
-    print(f"{len(problems)} proteins, {sum(len(p.values) for p in problems)} variants; zero-shot scored in "
-          f"{time.time() - start:.0f} s, its Spearman with the values {ranked:.3f} (mean over proteins)",
-          flush=True)  # fmt: skip
-    results = {}
-    for method in args.methods:
-        runs = np.array([campaign(method, seed, p, args) for p in problems for seed in range(args.seeds)])
-        mean, se = runs.mean(0), runs.std(0, ddof=1) / np.sqrt(len(runs)) if len(runs) > 1 else 0 * runs[0]
-        table = [[[round(float(m), 3), round(float(s), 3)] for m, s in zip(mean[:, k], se[:, k], strict=True)]
-                 for k in range(3)]  # fmt: skip
-        results[method] = {"best_fraction": table[0], "top1_found": table[1]}
-        if not np.isnan(runs[:, 1:, 2]).any():  # the methods that predict: each round's batch
-            results[method]["within_uncertainty"] = table[2][1:]
-        print(f"{method}: best fraction {results[method]['best_fraction'][-1]}, top 1% found "
-              f"{results[method]['top1_found'][-1]} ({time.time() - start:.0f} s)", flush=True)  # fmt: skip
-    measured = [args.initial + r * args.batch for r in range(args.rounds + 1)]
-    print(json.dumps({"measured": measured, "first_round": args.first_round, "methods": results}))
+    if args.jobs < 1 or args.seeds < 1:
+        parser.error("--jobs and --seeds: give a positive number")
+    if args.suite and not args.suite.is_dir():
+        parser.error(f"--suite {args.suite}: no such folder")
+    return args
 
 
 if __name__ == "__main__":

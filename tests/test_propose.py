@@ -14,12 +14,12 @@ from conftest import EXAMPLE, ROOT
 
 from dpo_inv.campaign import exploring
 from dpo_inv.campaign.acquisition import (
-    choose_batch,
     fit_ensemble,
     nearness,
     shared_features,
     zero_shot_batch,
 )
+from dpo_inv.campaign.batch import choose_batch
 from dpo_inv.campaign.config import NOISE_LEVELS, ProposeConfig
 from dpo_inv.campaign.propose import settle_campaign
 from dpo_inv.campaign.scoring import example_ca
@@ -334,8 +334,8 @@ def test_nearness_carries_a_measured_region_to_positions_never_measured():
     left = np.setdiff1d(np.arange(len(positions)), measured)
     zero = np.zeros(len(positions))
     for where, better in ((ca, True), (None, False)):
-        _, mean, _, _ = choose_batch(variants[measured], values[measured], zero[measured], variants[left],
-                                     zero[left], parent, 4, "greedy", ca=where)  # fmt: skip
+        mean = choose_batch(variants[measured], values[measured], zero[measured], variants[left], zero[left],
+                            parent, 4, "greedy", ca=where).mean  # fmt: skip
         rho = spearman(mean, -distance[np.array(positions)[left]])
         assert (rho > 0.5) if better else (np.isnan(rho) or abs(rho) < 0.3), rho
 
@@ -361,8 +361,8 @@ def test_mutations_to_one_residue_inform_that_residue_at_positions_never_measure
     assert len(np.unique(positions[measured])) > 12  # too many positions for pairs
     zero = np.zeros(len(singles))
     for substituted in (True, False):
-        _, mean, _, _ = choose_batch(variants[measured], values[measured], zero[measured], variants[left],
-                                     zero[left], parent, 4, "greedy", substituted=substituted)  # fmt: skip
+        mean = choose_batch(variants[measured], values[measured], zero[measured], variants[left], zero[left],
+                            parent, 4, "greedy", substituted=substituted).mean  # fmt: skip
         seen = np.isin(residues[left], residues[measured])  # a residue never measured gets no weight
         rho = spearman(mean[seen], values[left][seen])
         assert (rho > 0.95) if substituted else np.ptp(mean) < 1e-9, rho
@@ -386,9 +386,9 @@ def test_the_uncertainty_covers_measurements_the_predictor_has_not_seen():
     tokens = {name: np.array([tokenize(r["sequence"]) for r in rows[name]]) for name in rows}
     labels = {name: np.array([r["label"] for r in rows[name]]) for name in rows}
     measured, left = tokens["labelled"][:48], tokens["candidates"]
-    _, mean, uncertainty, _ = choose_batch(measured, labels["labelled"][:48], np.zeros(48), left,
-                                           np.zeros(len(left)), space.parent, 8, "thompson",
-                                           ca=ca)  # fmt: skip
+    choice = choose_batch(measured, labels["labelled"][:48], np.zeros(48), left, np.zeros(len(left)),
+                          space.parent, 8, "thompson", ca=ca)  # fmt: skip
+    mean, uncertainty = choice.mean, choice.uncertainty
     ensemble = fit_ensemble(measured, labels["labelled"][:48], np.zeros((48, 1)), space.parent, ca=ca)
     spread = ensemble.predict(left, np.zeros((len(left), 1))).std(0)
     assert ensemble.error > 0
@@ -612,9 +612,9 @@ def trpb_library() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 def test_a_batch_on_a_library_goes_far_from_the_best_too(monkeypatch):
     """A campaign on the TrpB four-site landscape (real fitness, no zero-shot score), 96 at random then
     rounds of 96: each round the highest Thompson draws gather round the best measured, so a quarter of the
-    batch are the highest draws among candidates three or more substitutions from each of the ten best
-    (`far`), which the draws alone would leave; another seed, another batch; on single mutants the batch is
-    the highest draws alone."""
+    predictor's share of the batch are the highest draws among candidates three or more substitutions from
+    each of the ten best (`far`), which the draws alone would leave; another seed, another batch; on single
+    mutants the batch is the highest draws alone."""
     tokens, fitness, parent = trpb_library()
     measured = np.random.default_rng(0).choice(len(tokens), 96, replace=False)
     zero = np.zeros(len(tokens))
@@ -622,22 +622,27 @@ def test_a_batch_on_a_library_goes_far_from_the_best_too(monkeypatch):
     def batch(share: float, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         monkeypatch.setattr(exploring, "FAR_SHARE", share)
         left = np.setdiff1d(np.arange(len(tokens)), measured)
-        picked, _, _, rules = choose_batch(tokens[measured], fitness[measured], zero[measured], tokens[left],
-                                           zero[left], parent, 96, "thompson", fit_seed=seed,
-                                           draw_seed=seed)  # fmt: skip
+        choice = choose_batch(tokens[measured], fitness[measured], zero[measured], tokens[left], zero[left],
+                              parent, 96, "thompson", fit_seed=seed, draw_seed=seed,
+                              families=("ridge",))  # fmt: skip
         best = tokens[measured[np.argsort(-fitness[measured])[:10]]]
-        far = (tokens[left[picked]][:, None, :] != best[None, :, :]).sum(-1).min(1) >= 3
-        return left[picked], np.array(rules), far
+        far = (tokens[left[choice.picked]][:, None, :] != best[None, :, :]).sum(-1).min(1) >= 3
+        rules = np.array(choice.rules)
+        return (
+            left[choice.picked][rules != "zero_shot"],
+            rules[rules != "zero_shot"],
+            far[rules != "zero_shot"],
+        )
 
     for round_ in range(2):
         picked, rules, far = batch(0.25, round_)
-        assert (rules == "far").sum() == 24 and far[rules == "far"].all()
+        quarter = int(0.25 * len(picked))
+        assert (rules == "far").sum() == quarter and far[rules == "far"].all()
         alone, rules_alone, far_alone = batch(0.0, round_)
-        assert set(rules_alone) == {"thompson"} and far_alone.sum() < 24 <= far.sum()
+        assert set(rules_alone) == {"thompson"} and far_alone.sum() < quarter <= far.sum()
         assert set(batch(0.25, round_ + 10)[0]) != set(picked)
         measured = np.concatenate([measured, picked])
     singles = np.flatnonzero((tokens != parent).sum(1) == 1)[:60]  # singles at the four sites
-    _, _, _, rules = choose_batch(tokens[singles[:20]], fitness[singles[:20]], zero[:20],
-                                  tokens[singles[20:]], zero[:40], parent, 8, "thompson",
-                                  pairwise=False)  # fmt: skip
-    assert rules == ["thompson"] * 8
+    choice = choose_batch(tokens[singles[:20]], fitness[singles[:20]], zero[:20], tokens[singles[20:]],
+                          zero[:40], parent, 8, "thompson", pairwise=False)  # fmt: skip
+    assert choice.rules == ["thompson"] * 8 and choice.portfolio is None

@@ -9,9 +9,8 @@ are), and model scores as unpenalised features (the zero-shot score, and an adap
 on bootstrap resamples of the measurements give a mean and a spread. A prediction's uncertainty is that
 spread and the error cross-validation finds beyond it (what the members agree on and still get wrong on
 measurements they were not fitted on). The batch is the B candidates not yet measured with the highest
-draw: Thompson sampling (each candidate's value drawn from one member), UCB (mean + spread) or greedy (mean);
-on a library of few positions a quarter of the batch goes far from the best measured
-(`dpo_inv.campaign.exploring`).
+draw: Thompson sampling (each candidate's value drawn from one member), UCB (mean + spread) or greedy (mean)
+(`dpo_inv.campaign.batch`).
 Before there is anything to fit on, the batch is the zero-shot score's: three quarters covering the residues
 of the space, a quarter its best (`zero_shot_batch`).
 """
@@ -24,7 +23,6 @@ from typing import Literal
 
 import numpy as np
 
-from dpo_inv.campaign.exploring import exploring_batch
 from dpo_inv.tools.ridge import cross_validated, fit_ridge
 
 Acquisition = Literal["thompson", "ucb", "greedy"]
@@ -120,6 +118,7 @@ class Ensemble:
     near: np.ndarray  # [L, M]: nearness of each residue to the M varied positions (M = 0: none)
     substituted: bool  # whether the mutations to each residue are features
     error: float
+    out_of_fold: np.ndarray  # [N]: the cross-validated predictions of the measured values
 
     def predict(self, variants: np.ndarray, scores: np.ndarray) -> np.ndarray:
         """``[E, R]``: each member's prediction for each variant (``scores [R, S]``)."""
@@ -155,12 +154,20 @@ def fit_ensemble(variants: np.ndarray, values: np.ndarray, scores: np.ndarray, p
     rng = np.random.default_rng(seed)
     weights, intercepts = [], []
     for _ in range(members):
-        rows = rng.integers(len(values), size=len(values))
+        rows = rng.integers(len(values), size=len(values)) if members > 1 else np.arange(len(values))
         ridge = fit_ridge(features[rows], values[rows], alpha, scores.shape[1])
         weights.append(ridge.weights)
         intercepts.append(ridge.intercept)
     ensemble = Ensemble(
-        columns_of, np.array(weights), np.array(intercepts), scales, parent, near, substituted, 0.0
+        columns_of,
+        np.array(weights),
+        np.array(intercepts),
+        scales,
+        parent,
+        near,
+        substituted,
+        0.0,
+        out_of_fold,
     )
     beyond = np.mean((values - out_of_fold) ** 2) - np.mean(ensemble.predict(variants, scores).var(0))
     return replace(ensemble, error=float(np.sqrt(max(beyond, 0.0))))
@@ -211,33 +218,3 @@ def zero_shot_batch(candidates: np.ndarray, scores: np.ndarray, parent: np.ndarr
     )
     order = np.argsort(-original[picked], kind="stable")
     return picked[order], rules[order]
-
-
-def choose_batch(measured: np.ndarray, values: np.ndarray, measured_scores: np.ndarray,
-                 candidates: np.ndarray, candidate_scores: np.ndarray, parent: np.ndarray, batch: int,
-                 rule: Acquisition,
-                 members: int = 10, fit_seed: int = 0, draw_seed: int = 0,
-                 pairwise: bool = True, positional: bool = True, ca: np.ndarray | None = None,
-                 substituted: bool = True,
-                 taken: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[str]]:  # fmt: skip
-    """The batch of ``candidates`` (indices, best first) that ``rule`` picks from the ensemble fitted on the
-    measured variants, and the ensemble's mean and uncertainty (the members' spread and the ensemble's
-    `error`, in quadrature) for every candidate; the model scores are
-    ``[N]`` or ``[N, S]`` (several models); ``ca``: the residues' Cα coordinates, for nearness features;
-    the first ``taken`` candidates are in the batch already (predicted, not picked); and what picked each
-    (``rule``, or on a library of few positions `far`: `exploring_batch`)."""
-    measured_scores = measured_scores.reshape(len(measured), -1)
-    candidate_scores = candidate_scores.reshape(len(candidates), -1)
-    ensemble = fit_ensemble(
-        measured, values, measured_scores, parent, members, fit_seed, pairwise, positional, ca, substituted
-    )
-    predictions = ensemble.predict(candidates, candidate_scores)
-    draws = acquisition_values(predictions[:, taken:], rule, draw_seed)
-    if ensemble.columns_of.pairwise:  # a library of few positions
-        sites = ensemble.columns_of.positions
-        picked, rules = exploring_batch(
-            draws, candidates[taken:, sites], measured[:, sites], values, batch, rule
-        )
-    else:
-        picked, rules = top_batch(draws, batch), [rule] * batch
-    return picked + taken, predictions.mean(0), np.sqrt(predictions.var(0) + ensemble.error**2), rules

@@ -11,6 +11,7 @@ from __future__ import annotations
 import csv
 import sys
 import time
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -198,6 +199,7 @@ def round_summary(folder: CampaignFolder, config: ProposeConfig, space: DesignSp
     measured round went, and the picture drawn."""
     summary = {"round": n, "measured": len(history.values), "failed": len(history.failed),
                "candidates": batch.candidates, "proposed": len(batch.variants), "picked_by": batch.why,
+               "predictor": batch.predictor, "batch": dict(Counter(batch.picked_by)),
                "proposals": str(out / "proposals.csv"), "fasta": str(out / "proposals.fasta"),
                "best_measured": None if not len(history.values) else
                float((min if config.lower_is_better else max)(history.values))}  # fmt: skip

@@ -8,7 +8,9 @@ from typing import Literal, Protocol
 
 import numpy as np
 
-from dpo_inv.campaign.acquisition import Acquisition, choose_batch, zero_shot_batch
+from dpo_inv.campaign.acquisition import Acquisition, zero_shot_batch
+from dpo_inv.campaign.batch import choose_batch
+from dpo_inv.campaign.predictors import DEFAULT_FAMILIES
 from dpo_inv.data.design import variant_keys
 from dpo_inv.errors import OptionError
 from dpo_inv.tools.adapt import Adapted, AdaptOptions
@@ -35,6 +37,7 @@ class RoundSettings:
     members: int = 10
     adapt: Literal["auto", "yes", "no"] = "auto"
     seed: int = 0
+    families: tuple[str, ...] = DEFAULT_FAMILIES  # chosen among by cross-validation on a library
 
 
 @dataclass(frozen=True)
@@ -63,6 +66,7 @@ class Batch:
     zero_shot: np.ndarray  # [B]
     picked_by: list[str]
     why: str
+    predictor: str  # which predictor picked it, and why that one
     candidates: int  # how many were left to choose from
     measured_zero_shot: np.ndarray  # [N]
     adapted: Adapted | None = None
@@ -100,26 +104,30 @@ def next_batch(state: CampaignState, scorer: Scorer, settings: RoundSettings) ->
     mine, rest = len(included), len(included) + len(candidates)
     if len(measured) >= MIN_MEASURED and np.ptp(values) > 0:
         seed = settings.seed + len(measured)  # each round its own bootstrap and draws
-        picked, mean, uncertainty, rules = choose_batch(measured, values, scores[rest:], everything[:rest],
-                                                        scores[:rest], state.parent, wanted,
-                                                        settings.acquisition, settings.members, seed, seed,
-                                                        ca=state.ca, taken=mine)  # fmt: skip
-        why = f"{settings.acquisition} on the ensemble of {settings.members} ({len(measured)} measured"
+        choice = choose_batch(measured, values, scores[rest:], everything[:rest], scores[:rest], state.parent,
+                              wanted, settings.acquisition, settings.members, seed, seed, ca=state.ca,
+                              taken=mine, families=settings.families)  # fmt: skip
+        picked, mean, uncertainty, rules = choice.picked, choice.mean, choice.uncertainty, choice.rules
+        predictor = choice.predictor
+        why = f"{settings.acquisition} on {predictor}, {settings.members} members ({len(measured)} measured"
         why += f"; model {adapted.decision})" if adapted else ")"
+        if choice.portfolio is not None:
+            why += f"; {choice.portfolio.why()}"
         if "far" in rules:
-            why += "; a quarter of it far from the best measured"
+            why += f"; {rules.count('far')} of the predictor's far from the best measured"
     else:
         picked, how = zero_shot_batch(candidates, scores[mine:rest, 0], state.parent, wanted, settings.seed)
         picked = picked + mine
         mean = uncertainty = np.full(rest, np.nan)
         rules = how.tolist()
+        predictor = "none: the zero-shot score before any fit"
         why = (f"before any fit ({len(measured)} measured, fewer than {MIN_MEASURED}): the zero-shot joint "
                "delta_logp's best and those covering the space's residues; on combinations, half at "
                "random")  # fmt: skip
     picked = np.concatenate([np.arange(mine), picked]).astype(np.int64)
     rules = ["include"] * mine + rules
     return Batch(everything[picked], mean[picked], uncertainty[picked], scores[picked, 0], rules, why,
-                 len(candidates), scores[rest:, 0], adapted)  # fmt: skip
+                 predictor, len(candidates), scores[rest:, 0], adapted)  # fmt: skip
 
 
 def adapt_if_asked(state: CampaignState, scorer: Scorer, settings: RoundSettings) -> Adapted | None:
