@@ -12,9 +12,9 @@ from typing import Any, Protocol
 
 import numpy as np
 import torch
-from sklearn.ensemble import HistGradientBoostingRegressor
 
 from dpo_inv.campaign.acquisition import Ensemble, fit_ensemble
+from dpo_inv.errors import OptionError
 
 FAMILIES = ("ridge", "trees", "network", "alive")
 DEFAULT_FAMILIES = ("ridge", "alive")  # docs/campaigns.md: the others measured, behind on most landscapes
@@ -94,9 +94,13 @@ class Network:
 
 
 def regressor(family: str, seed: int) -> Any:
-    if family == "trees":
-        return HistGradientBoostingRegressor(max_iter=100, max_depth=4, min_samples_leaf=3, random_state=seed)
-    return Network(seed)
+    if family != "trees":
+        return Network(seed)
+    try:
+        from sklearn.ensemble import HistGradientBoostingRegressor
+    except ImportError:
+        raise OptionError("the predictor family trees needs scikit-learn: pip install scikit-learn") from None
+    return HistGradientBoostingRegressor(max_iter=100, max_depth=4, min_samples_leaf=3, random_state=seed)
 
 
 def fit_members(family: str, library: Library, members: int, seed: int) -> SiteMembers:
