@@ -46,8 +46,8 @@ class Portfolio:
 
     def why(self) -> str:
         return (
-            f"{self.zero_shot} from the zero-shot ranking's unmeasured top (its top measured: "
-            f"{self.zero_shot_record} among the best tenth), {self.predictor} from the predictor (its "
+            f"{self.zero_shot} from the zero-shot ranking's unmeasured top (hits among the measured variants "
+            f"it ranks first: {self.zero_shot_record}), {self.predictor} from the predictor (hits in its "
             f"out-of-fold top: {self.predictor_record})"
         )
 

@@ -109,8 +109,9 @@ def next_batch(state: CampaignState, scorer: Scorer, settings: RoundSettings) ->
                               taken=mine, families=settings.families)  # fmt: skip
         picked, mean, uncertainty, rules = choice.picked, choice.mean, choice.uncertainty, choice.rules
         predictor = choice.predictor
-        why = f"{settings.acquisition} on {predictor}, {settings.members} members ({len(measured)} measured"
+        why = f"{settings.acquisition}, {settings.members} members ({len(measured)} measured"
         why += f"; model {adapted.decision})" if adapted else ")"
+        why += f"; {predictor}"
         if choice.portfolio is not None:
             why += f"; {choice.portfolio.why()}"
         if "far" in rules:
