@@ -55,6 +55,7 @@ import multiprocessing
 import time
 from dataclasses import dataclass, replace
 from functools import cache
+from importlib.util import find_spec
 from pathlib import Path
 
 import numpy as np
@@ -467,6 +468,8 @@ def arguments() -> argparse.Namespace:
         parser.error("--jobs and --seeds: give a positive number")
     if args.suite and not args.suite.is_dir():
         parser.error(f"--suite {args.suite}: no such folder")
+    if "trees" in args.predictor and find_spec("sklearn") is None:
+        parser.error("--predictor trees needs scikit-learn: pip install -e '.[trees]'")
     return args
 
 
