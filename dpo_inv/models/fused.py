@@ -170,12 +170,14 @@ def _num_programs(device: torch.device) -> int:
 
 def _configs(*shapes: tuple[int, int, int, int]) -> list:
     """Autotuned launch settings: (nodes per program, edges per node at a time, warps, pipeline stages);
-    the first alone under the interpreter."""
+    under the interpreter the one of the largest tiles alone: the fewest programs to interpret."""
     configs = [
         triton.Config({"BLOCK_M": m, "BLOCK_K": k}, num_warps=warps, num_stages=stages)
         for m, k, warps, stages in shapes
     ]
-    return configs[:1] if INTERPRET else configs
+    if INTERPRET:
+        return [max(configs, key=lambda c: (c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_K"], c.kwargs["BLOCK_K"]))]
+    return configs
 
 
 # each kernel is tuned once per form (flags, sequences per structure, neighbours) and dtype
