@@ -69,7 +69,7 @@ from dpo_inv.structures.parse import AMINO_ACIDS, BACKBONE_ATOMS, parse_structur
 from dpo_inv.training.config import DPOConfig
 from dpo_inv.training.loading import precompute_reference
 from dpo_inv.training.objective import step_metrics
-from dpo_inv.training.trainer import build_accelerator, load_models
+from dpo_inv.training.trainer import build_accelerator, build_optimizer, load_models
 
 ROOT = Path(__file__).resolve().parents[1]
 THREE_LETTER = {letter: name for name, letter in protein_letters_3to1.items() if letter in AMINO_ACIDS}
@@ -280,8 +280,7 @@ def build(config: DPOConfig) -> tuple[Trainer, str]:
     accelerator, setup = build_accelerator(config)
     set_seed(config.seed)
     model, reference = load_models(config, accelerator.device)
-    trained = [p for p in model.parameters() if p.requires_grad]  # with --use_peft, the adapters
-    optimizer = torch.optim.AdamW(trained, lr=config.learning_rate, weight_decay=config.weight_decay)
+    optimizer = build_optimizer(config, model)  # with --use_peft, the adapters
     model, optimizer = accelerator.prepare(model, optimizer)
     model.train()
     return Trainer(accelerator, config, model, reference, optimizer), setup

@@ -26,6 +26,7 @@ from dpo_inv.models.weights import load_model
 from dpo_inv.training.config import DPOConfig
 from dpo_inv.training.launch import check_processes_asked
 from dpo_inv.training.loss import DPOOutput, PairLogps, reward_accuracies
+from dpo_inv.training.trainer import build_optimizer
 from dpo_inv.training.trl_options import NOT_APPLICABLE
 
 DOCS = ROOT / "docs" / "training.md"
@@ -72,6 +73,30 @@ def test_bf16_and_fp16_are_mixed_precision_in_either_spelling(tmp_path, capsys, 
     written = yaml_file(tmp_path, **DPOConfig(bf16=True).to_dict())
     assert config_of("--config", written).mixed_precision == "bf16"
     assert config_of("--config", written, "--mixed_precision", "no").mixed_precision == "no"
+
+
+def test_optim_takes_trls_names_of_adamw(capsys):
+    """adamw_torch (the default) and TRL's adamw_torch_fused: one fused AdamW over the trained weights,
+    whose steps are the loop's to a unit in the last place; another optimizer stops in one line."""
+    assert config_of().optim == "adamw_torch"
+    weights = {}
+    for optim in ("adamw_torch_fused", "adamw_torch"):
+        model = load_model("vanilla/v_48_020")
+        config = config_of("--optim", optim, "--weight_decay", "0.01", "--adam_beta2", "0.99")
+        optimizer = build_optimizer(config, model)
+        assert optimizer.defaults["fused"] is (optim == "adamw_torch_fused")
+        generator = torch.Generator().manual_seed(0)
+        for _ in range(3):
+            for p in model.parameters():
+                p.grad = torch.randn(p.shape, generator=generator) * 1e-3
+            optimizer.step()
+        weights[optim] = torch.cat([p.detach().flatten() for p in model.parameters()])
+    torch.testing.assert_close(weights["adamw_torch_fused"], weights["adamw_torch"], rtol=3e-7, atol=3e-7)
+    assert refusal(capsys, "--optim", "adafactor") == (
+        "python -m dpo_inv.run: error: optim adafactor does not apply: dpo_inv trains with torch's AdamW, "
+        "adamw_torch or adamw_torch_fused; its settings are adam_beta1, adam_beta2, adam_epsilon and "
+        "weight_decay"
+    )
 
 
 def test_fp16_and_tf32_on_a_cpu_stop_before_training(capsys, tmp_path):

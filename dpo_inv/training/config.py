@@ -27,6 +27,7 @@ PAIR_METRICS = (
     "eval_recovery",
 )
 PRECISIONS = ("no", "bf16", "fp16")
+OPTIMIZERS = ("adamw_torch", "adamw_torch_fused")  # TRL's names of torch's AdamW, fused and not
 SAVE_STEPS = 500  # save_strategy steps without save_steps, as in Transformers
 VARIANT_METRICS = ("eval_spearman", "eval_spearman_median", "eval_native_recovery", "eval_native_logp")
 EPILOG = (
@@ -211,6 +212,14 @@ class DPOConfig(LoraOptions, DecodingOrderOptions):
     lr_scheduler_type: str = field(
         default="linear",
         **field_help("A transformers.get_scheduler name: linear, cosine, constant_with_warmup, ..."),
+    )
+    optim: str = field(
+        default="adamw_torch",
+        **field_help(
+            "torch's AdamW as TRL names it: adamw_torch (torch's default implementation) or "
+            "adamw_torch_fused (TRL's default: one kernel for all weights; the same numbers to a unit in the "
+            "last place)."
+        ),
     )
     adam_beta1: float = field(default=0.9, **field_help("AdamW's beta1."))
     adam_beta2: float = field(default=0.999, **field_help("AdamW's beta2."))
@@ -430,6 +439,12 @@ class DPOConfig(LoraOptions, DecodingOrderOptions):
             raise OptionError(f"max_steps must be > 0, or -1 (train num_train_epochs), got {self.max_steps}")
         self.check_lora()
         self.check_losses()
+        if self.optim not in OPTIMIZERS:
+            raise OptionError(
+                f"optim {self.optim} does not apply: dpo_inv trains with torch's AdamW, "
+                f"{' or '.join(OPTIMIZERS)}; its settings are adam_beta1, adam_beta2, adam_epsilon and "
+                "weight_decay"
+            )
         if self.decoding_order not in ("random", "left_to_right"):
             raise OptionError("decoding_order must be random or left_to_right")
         if self.reference_free and self.precompute_ref_log_probs:

@@ -74,6 +74,18 @@ from dpo_inv.training.plot import plot
 from dpo_inv.training.stopping import StopSignals, TrainingStopped, diverged, ending, interrupted
 
 
+def build_optimizer(config: DPOConfig, model: torch.nn.Module) -> torch.optim.AdamW:
+    """AdamW on the trained weights (with use_peft, the adapters), fused or not as ``config.optim`` says."""
+    return torch.optim.AdamW(
+        [p for p in model.parameters() if p.requires_grad],
+        lr=config.learning_rate,
+        betas=(config.adam_beta1, config.adam_beta2),
+        eps=config.adam_epsilon,
+        weight_decay=config.weight_decay,
+        fused=config.optim == "adamw_torch_fused",
+    )
+
+
 def build_accelerator(config: DPOConfig, **options: Any) -> tuple[Accelerator, str]:
     """The Accelerator for the launch environment (process group, backend, precision, compilation) and a
     description of the set-up; `options` go to the Accelerator (trackers, project folder)."""
@@ -313,15 +325,7 @@ def prepare_run(
     if data.eval is not None:
         eval_loader = DataLoader(ExampleDataset(data.eval), config.per_device_eval_batch_size, **options)
         recovery_structures = eval_structures(accelerator, data.eval)
-    trained = [p for p in model.parameters() if p.requires_grad]  # with use_peft, the adapters
-    betas = (config.adam_beta1, config.adam_beta2)
-    optimizer = torch.optim.AdamW(
-        trained,
-        lr=config.learning_rate,
-        betas=betas,
-        eps=config.adam_epsilon,
-        weight_decay=config.weight_decay,
-    )
+    optimizer = build_optimizer(config, model)
     model, optimizer, train_loader, eval_loader = accelerator.prepare(
         model, optimizer, train_loader, eval_loader
     )

@@ -31,8 +31,6 @@ ADAPTER_OFF = "with use_peft the reference is the base model with the adapter sw
 
 NOT_APPLICABLE: dict[str, str] = {
     # optimizer and schedule
-    "optim": "dpo_inv trains with torch's AdamW (adamw_torch): its settings are adam_beta1, adam_beta2, "
-    "adam_epsilon and weight_decay",
     "optim_args": "AdamW's settings are adam_beta1, adam_beta2, adam_epsilon and weight_decay",
     "optim_target_modules": "every trained weight gets AdamW: drop it",
     "lr_scheduler_kwargs": "the schedules take their defaults: choose another lr_scheduler_type, or drop it",
