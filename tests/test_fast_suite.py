@@ -6,18 +6,20 @@ import subprocess
 import sys
 
 import pytest
-from conftest import ROOT, UNMARKED_LIMIT_S
+from conftest import ROOT
+
+LIMIT_S = 1.0  # the limit of the suites run here, so that their sleepy test is quick
 
 
 @pytest.mark.slow
 def test_an_unmarked_slow_test_fails_the_fast_suite(tmp_path):
     (tmp_path / "test_sleepy.py").write_text(
         "import time\nimport pytest\n\n\n"
-        f"def test_unmarked():\n    time.sleep({UNMARKED_LIMIT_S + 0.5})\n\n\n"
-        f"@pytest.mark.slow\ndef test_marked():\n    time.sleep({UNMARKED_LIMIT_S + 0.5})\n\n\n"
+        f"def test_unmarked():\n    time.sleep({LIMIT_S + 0.5})\n\n\n"
+        f"@pytest.mark.slow\ndef test_marked():\n    time.sleep({LIMIT_S + 0.5})\n\n\n"
         "def test_quick():\n    pass\n"
     )
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "tests")}
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "tests"), "UNMARKED_LIMIT_S": str(LIMIT_S)}
     run = {
         marks: subprocess.run(
             [sys.executable, "-m", "pytest", "-p", "conftest", "-c", os.devnull, "-q", *marks, str(tmp_path)],
