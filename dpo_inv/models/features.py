@@ -40,16 +40,13 @@ def _rbf(D: Tensor) -> Tensor:
     return (D.unsqueeze(-1) - D_mu).div_(D_sigma).square_().neg_().clamp_(min=-87.0).exp_()
 
 
-def _neighbor_rbf(
-    D_neighbors: Tensor, atoms: Tensor, E_idx: Tensor, pairs: tuple[tuple[int, int], ...]
-) -> Tensor:
+def _neighbor_rbf(D_neighbors: Tensor, atoms: Tensor, E_idx: Tensor, pairs: Tensor) -> Tensor:
     """RBF of the neighbour distances ``D_neighbors [B, L, K]``, then of the distances between atom ``a`` of
-    residue ``i`` and atom ``b`` of each neighbour ``j`` for each pair, from ``atoms [B, L, A, 3]``:
-    ``[B, L, K, (1 + len(pairs)) * 16]``."""
+    residue ``i`` and atom ``b`` of each neighbour ``j`` for each pair ``(a, b)`` of ``pairs [2, P]``, from
+    ``atoms [B, L, A, 3]``: ``[B, L, K, (1 + P) * 16]``."""
     B, L, A, _ = atoms.shape
-    centre_idx, neighbor_idx = (list(idx) for idx in zip(*pairs, strict=True))
     neighbors = gather_nodes(atoms.reshape(B, L, A * 3), E_idx).view(*E_idx.shape, A, 3)
-    diff = atoms[:, :, None, centre_idx] - neighbors[:, :, :, neighbor_idx]
+    diff = atoms[:, :, None].index_select(3, pairs[0]) - neighbors.index_select(3, pairs[1])
     D = torch.cat((D_neighbors.unsqueeze(-1), torch.sqrt(torch.sum(diff**2, -1) + 1e-6)), -1)
     return _rbf(D).flatten(-2)
 
@@ -72,13 +69,24 @@ class PositionalEncodings(nn.Module):
         return weight(self.linear).T + self.linear.bias
 
 
-class _GraphFeatures(nn.Module):
-    """k-nearest-neighbour graph on CA atoms plus relative positional edge features."""
+class GraphFeatures(nn.Module):
+    """k-nearest-neighbour graph on CA atoms plus relative positional edge features.
+
+    Constant index tables are buffers on the model's device (an index from a Python list would be copied
+    to the device at every step, which a CUDA graph cannot capture), filled by :meth:`init_buffers`."""
+
+    ATOM_PAIRS: tuple[tuple[int, int], ...]  # the pairs of atoms whose distances are edge features
 
     def __init__(self, top_k: int) -> None:
         super().__init__()
         self.top_k = top_k
         self.embeddings = PositionalEncodings(_NUM_POSITIONAL)
+        self.register_buffer("atom_pairs", torch.tensor(self.ATOM_PAIRS).T.contiguous(), persistent=False)
+
+    @torch.no_grad()
+    def init_buffers(self) -> None:
+        """Fill the constant buffers, which a checkpoint does not hold."""
+        self.atom_pairs.copy_(torch.tensor(self.ATOM_PAIRS).T)
 
     def _dist(self, Ca: Tensor, mask: Tensor, eps: float = 1e-6) -> tuple[Tensor, Tensor]:
         """Distances to and indices of the ``top_k`` nearest residues (missing residues pushed last)."""
@@ -110,8 +118,10 @@ def virtual_cb(X: Tensor) -> Tensor:
     return -0.58273431 * a + 0.56802827 * b - 0.54067466 * c + Ca
 
 
-class ProteinFeatures(_GraphFeatures):
+class ProteinFeatures(GraphFeatures):
     """Edge features of the full-backbone model: 25 inter-atomic RBF distances (N, CA, C, O, virtual Cb)."""
+
+    ATOM_PAIRS = _BACKBONE_PAIRS
 
     def __init__(self, edge_features: int, top_k: int) -> None:
         super().__init__(top_k)
@@ -125,12 +135,14 @@ class ProteinFeatures(_GraphFeatures):
         Cb = virtual_cb(X)
         D_neighbors, E_idx = self._dist(Ca, mask)
         atoms = torch.stack((N, Ca, C, O, Cb), dim=2)
-        rest = _neighbor_rbf(D_neighbors, atoms, E_idx, _BACKBONE_PAIRS)
+        rest = _neighbor_rbf(D_neighbors, atoms, E_idx, self.atom_pairs)
         return self.norm_edges(self._embed_edges(E_idx, residue_idx, chain_labels, rest)), E_idx
 
 
-class CAProteinFeatures(_GraphFeatures):
+class CAProteinFeatures(GraphFeatures):
     """Edge features of the CA-only model: RBF distances among neighbouring CA triplets and local frames."""
+
+    ATOM_PAIRS = _CA_PAIRS
 
     def __init__(self, node_features: int, edge_features: int, top_k: int) -> None:
         super().__init__(top_k)
@@ -181,13 +193,17 @@ class CAProteinFeatures(_GraphFeatures):
         Ca_next = F.pad(Ca[:, 1:], (0, 0, 0, 1))
         atoms = torch.stack((Ca_prev, Ca, Ca_next), dim=2)
         rest = torch.cat(
-            (_neighbor_rbf(D_neighbors, atoms, E_idx, _CA_PAIRS), self._orientations(Ca, E_idx)), -1
+            (_neighbor_rbf(D_neighbors, atoms, E_idx, self.atom_pairs), self._orientations(Ca, E_idx)), -1
         )
         return self.norm_edges(self._embed_edges(E_idx, residue_idx, chain_labels, rest)), E_idx
 
 
 _NUM_ELEMENTS, _NUM_GROUPS, _NUM_PERIODS = 120, 19, 8  # one-hot sizes of atomic number, group, period
-_GROUPS_AND_PERIODS = torch.tensor([periodic_group_and_period(z) for z in range(_NUM_ELEMENTS)])
+
+
+def _groups_and_periods() -> Tensor:
+    """The periodic-table group and period of each atomic number, ``[120, 2]``."""
+    return torch.tensor([periodic_group_and_period(z) for z in range(_NUM_ELEMENTS)])
 
 
 class LigandFeatures(ProteinFeatures):
@@ -206,6 +222,13 @@ class LigandFeatures(ProteinFeatures):
         self.y_edges = nn.Linear(_NUM_RBF, node_features, bias=False)
         self.norm_y_edges = nn.LayerNorm(node_features)
         self.norm_y_nodes = nn.LayerNorm(node_features)
+        self.register_buffer("groups_and_periods", _groups_and_periods(), persistent=False)
+
+    @torch.no_grad()
+    def init_buffers(self) -> None:
+        """Fill the constant buffers: the atom pairs, and each element's group and period."""
+        super().init_buffers()
+        self.groups_and_periods.copy_(_groups_and_periods())
 
     def nearest_atoms(
         self, X: Tensor, mask: Tensor, xyz: Tensor, element: Tensor, atom_mask: Tensor
@@ -219,7 +242,7 @@ class LigandFeatures(ProteinFeatures):
         return Y, gather_neighbors(element, idx), gather_neighbors(atom_mask, idx)
 
     def _element_one_hot(self, element: Tensor) -> Tensor:
-        group, period = _GROUPS_AND_PERIODS.to(element.device)[element].unbind(-1)
+        group, period = self.groups_and_periods[element].unbind(-1)
         return torch.cat(
             (
                 F.one_hot(element, _NUM_ELEMENTS),

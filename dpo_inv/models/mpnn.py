@@ -18,7 +18,13 @@ from torch import Tensor, nn
 from transformers import PretrainedConfig, PreTrainedModel
 from transformers.utils import logging as transformers_logging
 
-from dpo_inv.models.features import CAProteinFeatures, LigandFeatures, MembraneFeatures, ProteinFeatures
+from dpo_inv.models.features import (
+    CAProteinFeatures,
+    GraphFeatures,
+    LigandFeatures,
+    MembraneFeatures,
+    ProteinFeatures,
+)
 from dpo_inv.models.layers import (
     ContextLayer,
     DecLayer,
@@ -163,6 +169,8 @@ class ProteinMPNN(PreTrainedModel):
         for param in module.parameters(recurse=False):
             if param.dim() > 1:
                 nn.init.xavier_uniform_(param)
+        if isinstance(module, GraphFeatures):  # its constant buffers, which loading leaves unset
+            module.init_buffers()
 
     def encode(
         self,
