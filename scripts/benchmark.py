@@ -10,8 +10,9 @@ Every `DPOConfig` field is an option too (`--config FILE.yaml`, `--mixed_precisi
 `--precompute_ref_log_probs`, `--num_decoding_orders`, `--dataloader_num_workers`, `--torch_compile`, ...).
 Under `accelerate launch` or `torchrun` the numbers are for all processes together. The script builds what
 `dpo_inv.training.trainer` builds (the Accelerator with its autocast and compilation settings, the
-length-grouped DataLoader, AdamW) and runs the same micro-batch (`step_metrics`, backward, metrics gather,
-gradient clipping, optimizer step); it times `steps` of them after `warmup` untimed ones.
+length-grouped DataLoader, AdamW) and runs the same micro-batch (`build_step`: objective and backward, or
+their CUDA graphs with `--cuda_graphs`; metrics gather, gradient clipping, optimizer step); it times `steps`
+of them after `warmup` untimed ones.
 
 Data. Without `--lengths`: `train_file` (the bundled example by default) with its pairs repeated to
 `num_pairs`. With `--lengths`: for each length L, one structure of exactly L residues of real geometry, the
@@ -46,6 +47,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 
 import datasets
@@ -67,9 +69,10 @@ from dpo_inv.models.mpnn import ProteinMPNN
 from dpo_inv.models.weights import model_parse_options
 from dpo_inv.structures.parse import AMINO_ACIDS, BACKBONE_ATOMS, parse_structure
 from dpo_inv.training.config import DPOConfig
+from dpo_inv.training.graphs import Step
 from dpo_inv.training.loading import precompute_reference
-from dpo_inv.training.objective import step_metrics
-from dpo_inv.training.trainer import build_accelerator, build_optimizer, load_models
+from dpo_inv.training.loss import batch_ranks
+from dpo_inv.training.trainer import build_accelerator, build_optimizer, build_step, load_models
 
 ROOT = Path(__file__).resolve().parents[1]
 THREE_LETTER = {letter: name for name, letter in protein_letters_3to1.items() if letter in AMINO_ACIDS}
@@ -303,19 +306,24 @@ def train_loader(trainer: Trainer, data: RecordSet, batch_size: int, length_grou
         dataset,
         batch_size=batch_size,
         sampler=sampler(trainer, dataset, batch_size, length_grouping),
-        collate_fn=collate,
+        collate_fn=partial(collate, pad_to_multiple_of=config.pad_to_multiple_of),
         num_workers=config.dataloader_num_workers,
         pin_memory=accelerator.device.type == "cuda",
     )
     return accelerator.prepare(loader)
 
 
-def micro_batch(trainer: Trainer, reference: ProteinMPNN | None, batch: dict, epoch: int) -> None:
-    """One micro-batch of the loop in `dpo_inv.training.trainer.train`."""
-    accelerator, model, optimizer = trainer.accelerator, trainer.model, trainer.optimizer
+def micro_batch(trainer: Trainer, step: Step, batch: dict, epoch: int) -> None:
+    """One micro-batch of the loop in `dpo_inv.training.trainer.train` (`step`: its `build_step`)."""
+    accelerator, model, optimizer, config = (
+        trainer.accelerator,
+        trainer.model,
+        trainer.optimizer,
+        trainer.config,
+    )
+    ranks = batch_ranks(batch, config.seed, config.num_decoding_orders, config.decoding_order, epoch)
     with accelerator.accumulate(model):
-        loss, per_pair = step_metrics(trainer.config, model, reference, batch, epoch, accelerator)
-        accelerator.backward(loss)
+        _, per_pair = step(batch, ranks)
         finite = bool(accelerator.gather_for_metrics(per_pair)["loss"].isfinite().all())
         if accelerator.sync_gradients:
             max_norm = trainer.config.max_grad_norm or math.inf
@@ -350,17 +358,18 @@ def measure(trainer: Trainer, data: RecordSet, batch_size: int, options: Options
         data = precompute_reference(accelerator, reference, data, config)
         result["precompute_pairs_per_second"] = round(len(data.records) / (time.perf_counter() - start), 2)
         reference = None  # as in training: no reference model in the steps
+    step_function = build_step(config, trainer.model, reference, accelerator)
     stream = epochs(train_loader(trainer, data, batch_size, options.length_grouping))
 
     start, flops_per_residue = time.perf_counter(), None
     for step in range(options.warmup):
         epoch, batch = next(stream)
-        if step == 0 and not config.torch_compile:  # matrix-multiply FLOPs, forward and backward
+        if step == 0 and not (config.torch_compile or config.cuda_graphs):  # matmul FLOPs, both passes
             with FlopCounterMode(display=False) as flops:
-                micro_batch(trainer, reference, batch, epoch)
+                micro_batch(trainer, step_function, batch, epoch)
             flops_per_residue = flops.get_total_flops() / int(batch["length"].sum())
         else:
-            micro_batch(trainer, reference, batch, epoch)
+            micro_batch(trainer, step_function, batch, epoch)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     result["warmup_seconds"] = round(time.perf_counter() - start, 2)
@@ -376,7 +385,7 @@ def measure(trainer: Trainer, data: RecordSet, batch_size: int, options: Options
         start = time.perf_counter()
         epoch, batch = next(stream)
         loaded = time.perf_counter()
-        micro_batch(trainer, reference, batch, epoch)
+        micro_batch(trainer, step_function, batch, epoch)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         step_seconds.append(time.perf_counter() - start)

@@ -1,6 +1,7 @@
 """Each speed optimisation of the training step leaves the loss what the plain path gives, on real pairs:
-bf16 autocast, DataLoader workers, torch.compile, length bucketing, one encoder pass per pair and model,
-precomputed reference log-probs, cached structure features, the O(L*K) autoregressive mask.
+bf16 autocast, DataLoader workers, torch.compile, length bucketing, padding to a multiple, one encoder pass
+per pair and model, precomputed reference log-probs, cached structure features, the O(L*K) autoregressive
+mask, a step without host reads (what CUDA graphs capture).
 
 Accelerators come from the trainer's own `build_accelerator`. Covered elsewhere (see docs/benchmarks.md):
 the neighbour-space mask equals official ProteinMPNN's L x L permutation mask (test_model), decoding several
@@ -25,13 +26,14 @@ import dpo_inv.data.featurized
 import dpo_inv.structures.parse
 from dpo_inv.data.batches import ExampleDataset, LengthGroupedSampler, collate
 from dpo_inv.data.dataset import load_records
+from dpo_inv.errors import OptionError
 from dpo_inv.models.mpnn import ProteinMPNN
 from dpo_inv.models.weights import load_model
 from dpo_inv.training.config import DPOConfig
 from dpo_inv.training.loading import precompute_reference
 from dpo_inv.training.loss import batch_ranks, pair_logps
 from dpo_inv.training.objective import step_metrics
-from dpo_inv.training.trainer import build_accelerator
+from dpo_inv.training.trainer import build_accelerator, build_step
 
 POLICY, REFERENCE = "vanilla/v_48_020", "vanilla/v_48_010"  # different weights: a loss that is not log 2
 CONFIG = DPOConfig(model_name_or_path=POLICY, ref_model_name_or_path=REFERENCE)
@@ -170,6 +172,80 @@ def test_torch_compile_matches_eager_when_the_batch_shape_changes(data, policy, 
             assert (compiled_gradient - gradient).abs().max() <= 1e-4 * scale
     finally:
         torch._dynamo.reset()
+
+
+def test_padding_to_a_multiple_leaves_the_loss_and_gradients(data, policy, reference):
+    """pad_to_multiple_of (batch shapes that repeat, for CUDA graphs): 85-residue pairs padded to 128 give
+    the loss, metrics and every gradient of the unpadded batch."""
+    dataset = ExampleDataset(data)
+    results = []
+    for multiple in (None, 64):
+        batch = collate([dataset[i] for i in (0, 1, 8)], pad_to_multiple_of=multiple)
+        model = copy.deepcopy(policy)
+        loss, rows = step_metrics(CONFIG, model, reference, batch, epoch=0)
+        loss.backward()
+        results.append(
+            (
+                batch["mask"].shape[1],
+                loss.detach(),
+                rows,
+                torch.cat([p.grad.flatten() for p in model.parameters()]),
+            )
+        )
+    (length, loss, rows, gradient), (padded, padded_loss, padded_rows, padded_gradient) = results
+    assert (length, padded) == (85, 128)
+    torch.testing.assert_close(padded_loss, loss, rtol=1e-6, atol=1e-6)
+    for name, values in rows.items():
+        torch.testing.assert_close(padded_rows[name], values, rtol=1e-5, atol=1e-5)
+    assert (padded_gradient - gradient).abs().max() <= 1e-5 * gradient.abs().max()
+
+
+class HostReads(TorchDispatchMode):
+    """The operations that read a device value on the host or copy Python data to the device, which a CUDA
+    graph cannot capture (and which stall an uncaptured GPU step)."""
+
+    HOST = {"_local_scalar_dense", "lift_fresh", "nonzero", "masked_select", "_unique2", "unique_dim"}
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.overloadpacket.__name__ in self.HOST:
+            self.calls.append(func.overloadpacket.__name__)
+        return func(*args, **(kwargs or {}))
+
+
+def test_the_step_cuda_graphs_capture_reads_nothing_on_the_host(data, policy, reference, accelerator_for):
+    """What `cuda_graphs` captures — the trainer's step, forward and backward — reads no value on the host
+    and copies no Python data to the device (the decoding ranks are its input), with the reference live or
+    precomputed. (It is the plain step itself: the graphs replay it on a GPU, scripts/graphs_check.py.)"""
+    batch = batch_of(data, [0, 1, 8, 9])
+    ranks = batch_ranks(batch, CONFIG.seed, 1, "random")
+    accelerator = accelerator_for(CONFIG)
+    for config, ref in ((CONFIG, reference), (replace(CONFIG, precompute_ref_log_probs=True), None)):
+        inputs = dict(batch)
+        if ref is None:
+            with torch.no_grad():
+                logps = pair_logps(reference, batch, ranks)
+            inputs.update(ref_chosen_logps=logps.chosen, ref_rejected_logps=logps.rejected)
+        step = build_step(config, copy.deepcopy(policy), ref, accelerator)
+        with HostReads() as reads:
+            loss, rows = step(inputs, ranks)
+        assert reads.calls == [], reads.calls
+        assert loss.isfinite() and rows["loss"].shape == (4,)
+    with pytest.raises(OptionError, match="cuda_graphs needs an NVIDIA GPU, not cpu: drop cuda_graphs"):
+        accelerator_for(replace(CONFIG, cuda_graphs=True))
+    for options, message in (
+        (
+            {"gradient_accumulation_steps": 2},
+            "gradient_accumulation_steps: raise per_device_train_batch_size",
+        ),
+        ({"mixed_precision": "fp16"}, "mixed_precision fp16: use bf16"),
+        ({"torch_compile": True}, "torch_compile: choose one"),
+    ):
+        with pytest.raises(OptionError, match=f"cuda_graphs does not go with {message}"):
+            replace(CONFIG, cuda_graphs=True, **options)
 
 
 def test_length_grouped_batches_score_each_pair_as_when_alone(policy, cache_dir):

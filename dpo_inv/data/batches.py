@@ -74,8 +74,9 @@ def structure_inputs(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {name: batch[name] for name in STRUCTURE_INPUTS if name in batch}
 
 
-def collate(examples: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
-    """Pad a list of examples into a batch. Designed residues come first in each structure.
+def collate(examples: list[dict[str, Any]], pad_to_multiple_of: int | None = None) -> dict[str, torch.Tensor]:
+    """Pad a list of examples into a batch, to the longest structure (rounded up to a multiple of
+    `pad_to_multiple_of`, so that batch shapes repeat). Designed residues come first in each structure.
 
     `loss_mask` marks designed, observed, mutable positions (where log p is summed); `decode_mask` marks
     the positions decoded after all others (designed and mutable), as ProteinMPNN orders fixed positions.
@@ -86,6 +87,8 @@ def collate(examples: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
     are there when an example has them.
     """
     B, L = len(examples), max(len(e["mask"]) for e in examples)
+    if pad_to_multiple_of:
+        L = -(-L // pad_to_multiple_of) * pad_to_multiple_of
     unknown = ALPHABET.index("X")
     batch = {  # filled as numpy arrays, then shared with torch
         "X": np.zeros((B, L, 4, 3), np.float32),

@@ -233,6 +233,13 @@ class DPOConfig(LoraOptions, DecodingOrderOptions):
         ),
     )
     per_device_train_batch_size: int = field(default=8, **field_help("Pairs per device per micro-batch."))
+    pad_to_multiple_of: int | None = field(
+        default=None,
+        **field_help(
+            "Pad each micro-batch's structures to a multiple of this many residues, so that batch shapes "
+            "repeat (for cuda_graphs, one graph per shape; and torch_compile); the padding is masked."
+        ),
+    )
     per_device_train_batch_residues: int | None = field(
         default=None,
         **field_help(
@@ -288,6 +295,15 @@ class DPOConfig(LoraOptions, DecodingOrderOptions):
             "no per-edge activation in memory (recomputed in the backward pass): peak memory down by "
             "40-48 percent, steps 0-21 percent slower on an H100 (docs/benchmarks.md). Same numbers as "
             "the plain layers; no effect in fp32 or on a CPU."
+        ),
+    )
+    cuda_graphs: bool = field(
+        default=False,
+        **field_help(
+            "On one NVIDIA GPU: capture each micro-batch shape's forward and backward as a CUDA graph and "
+            "replay it, so that a small batch's step is not bound by launching its operators; the same "
+            "step, computed as without. Set pad_to_multiple_of (e.g. 64) so that shapes repeat; needs "
+            "gradient_accumulation_steps 1, not fp16 or torch_compile."
         ),
     )
     torch_compile: bool = field(
@@ -416,7 +432,7 @@ class DPOConfig(LoraOptions, DecodingOrderOptions):
         check_signs(
             self,
             positive=("beta", "learning_rate", "num_train_epochs", "per_device_train_batch_size",
-                      "per_device_train_batch_residues", "per_device_eval_batch_size",
+                      "per_device_train_batch_residues", "per_device_eval_batch_size", "pad_to_multiple_of",
                       "gradient_accumulation_steps", "num_decoding_orders", "logging_steps", "eval_steps",
                       "save_steps", "dataset_num_proc", "ddp_timeout", "max_consecutive_nonfinite",
                       "adam_epsilon"),
@@ -464,6 +480,8 @@ class DPOConfig(LoraOptions, DecodingOrderOptions):
                 "latest" if str(self.resume_from_checkpoint).lower() == "true" else None
             )
         self.resolve_precision()
+        if self.cuda_graphs:
+            self.check_cuda_graphs()
         self.resolve_schedules()
         self.resolve_metric_for_best_model()
 
@@ -479,6 +497,21 @@ class DPOConfig(LoraOptions, DecodingOrderOptions):
     def unpaired(self) -> bool:
         """Training on labelled sequences (kto, apo_zero_unpaired) instead of pairs."""
         return self.loss_type[0] in kto.UNPAIRED_LOSS_TYPES
+
+    def check_cuda_graphs(self) -> None:
+        """Refuse what a captured step cannot do: add gradients over micro-batches, scale fp16 losses
+        (bf16 needs no scaling), or be compiled by torch.compile (whose reduce-overhead mode has its own
+        CUDA graphs)."""
+        conflicts = (
+            ("gradient_accumulation_steps", self.gradient_accumulation_steps > 1,
+             "raise per_device_train_batch_size instead"),
+            ("mixed_precision fp16", self.mixed_precision == "fp16", "use bf16"),
+            ("torch_compile", self.torch_compile,
+             "choose one (torch_compile_mode reduce-overhead has its own)"),
+        )  # fmt: skip
+        for name, conflict, fix in conflicts:
+            if conflict:
+                raise OptionError(f"cuda_graphs does not go with {name}: {fix}")
 
     def check_losses(self) -> None:
         """Refuse unknown or incompatible losses; fill in loss_weights and turn rpo_alpha into an sft term."""

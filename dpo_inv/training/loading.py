@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -190,7 +191,11 @@ def precompute_reference(
     """Score every pair with the reference once (sharded over ranks, gathered) and store the log-probs,
     computed in the policy's precision (its autocast, as in training)."""
     loader = accelerator.prepare(
-        DataLoader(ExampleDataset(data), batch_size=config.per_device_eval_batch_size, collate_fn=collate)
+        DataLoader(
+            ExampleDataset(data),
+            batch_size=config.per_device_eval_batch_size,
+            collate_fn=partial(collate, pad_to_multiple_of=config.pad_to_multiple_of),
+        )
     )
     chosen, rejected = [], []
     for batch in progress(loader, desc="Reference log-probs", disable=not accelerator.is_main_process):

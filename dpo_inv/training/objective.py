@@ -79,6 +79,19 @@ def step_metrics(
     With `accelerator`, a collective for KTO (z0 is averaged over all processes): every rank calls it
     once per batch; without, z0 is this batch's."""
     ranks = batch_ranks(batch, config.seed, config.num_decoding_orders, config.decoding_order, epoch)
+    return batch_objective(config, model, reference, batch, ranks, accelerator)
+
+
+def batch_objective(
+    config: DPOConfig,
+    model: torch.nn.Module,
+    reference: ProteinMPNN | None,
+    batch: dict[str, torch.Tensor],
+    ranks: torch.Tensor,
+    accelerator: Accelerator | None = None,
+) -> tuple[torch.Tensor, Rows]:
+    """:func:`step_metrics` under given decoding ranks ``[B, K, L]``: device work alone, no value read
+    on the host (what a CUDA graph captures)."""
     if config.record_kind == "structures":
         return sft.sft_step(model, batch, ranks, config.label_smoothing_factor, accelerator)
     if config.unpaired:

@@ -13,6 +13,7 @@ import shutil
 import time
 from dataclasses import dataclass, field
 from datetime import timedelta
+from functools import partial
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -21,7 +22,7 @@ import numpy as np
 import torch
 import yaml
 from accelerate import Accelerator
-from accelerate.utils import InitProcessGroupKwargs, TorchDynamoPlugin, set_seed
+from accelerate.utils import AutocastKwargs, InitProcessGroupKwargs, TorchDynamoPlugin, set_seed
 from peft import PeftModel
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
@@ -55,6 +56,7 @@ from dpo_inv.training.checkpoints import (
 )
 from dpo_inv.training.config import DPOConfig
 from dpo_inv.training.evaluation import describe, eval_structures, run_evaluation, update_best
+from dpo_inv.training.graphs import GraphedStep, Step
 from dpo_inv.training.launch import (
     check_processes_asked,
     cpu_computes_bf16,
@@ -67,8 +69,9 @@ from dpo_inv.training.launch import (
     threads_per_process,
 )
 from dpo_inv.training.loading import RunData, load_data, precompute_reference, save_in_memory
+from dpo_inv.training.loss import batch_ranks
 from dpo_inv.training.model_card import Trained, write_model_card
-from dpo_inv.training.objective import Rows, add_rows, step_metrics, summarize
+from dpo_inv.training.objective import Rows, add_rows, batch_objective, summarize
 from dpo_inv.training.output_lock import output_lock
 from dpo_inv.training.plot import plot
 from dpo_inv.training.stopping import StopSignals, TrainingStopped, diverged, ending, interrupted
@@ -86,12 +89,33 @@ def build_optimizer(config: DPOConfig, model: torch.nn.Module) -> torch.optim.Ad
     )
 
 
+def build_step(
+    config: DPOConfig, model: torch.nn.Module, reference: torch.nn.Module | None, accelerator: Accelerator
+) -> Step:
+    """Forward and backward of a micro-batch under decoding ranks, its loss detached: the plain step, or
+    with cuda_graphs the same step replayed from a CUDA graph per batch shape."""
+
+    def step(batch: dict[str, torch.Tensor], ranks: torch.Tensor) -> tuple[torch.Tensor, Rows]:
+        loss, rows = batch_objective(config, model, reference, batch, ranks, accelerator)
+        accelerator.backward(loss)
+        return loss.detach(), rows
+
+    if not config.cuda_graphs:
+        return step
+    return GraphedStep(step, [p for p in model.parameters() if p.requires_grad])
+
+
 def build_accelerator(config: DPOConfig, **options: Any) -> tuple[Accelerator, str]:
     """The Accelerator for the launch environment (process group, backend, precision, compilation) and a
     description of the set-up; `options` go to the Accelerator (trackers, project folder)."""
     launch = setup_environment()
     check_processes_asked(launch.world_size)
     check_precision(config)
+    if config.cuda_graphs and launch.world_size > 1:
+        raise OptionError(
+            f"cuda_graphs captures one process's step; {launch.world_size} were launched: launch one, or "
+            "drop cuda_graphs"
+        )
     threads = threads_per_process(launch.local_world_size)
     reuse_freed_memory()
     device_type, backend = device_backend(config.backend) if launch.world_size > 1 else (None, None)
@@ -108,7 +132,9 @@ def build_accelerator(config: DPOConfig, **options: Any) -> tuple[Accelerator, s
                     use_regional_compilation=True,  # compile one encoder and one decoder layer, reuse them
                 ),
                 kwargs_handlers=[
-                    InitProcessGroupKwargs(backend=backend, timeout=timedelta(seconds=config.ddp_timeout))
+                    InitProcessGroupKwargs(backend=backend, timeout=timedelta(seconds=config.ddp_timeout)),
+                    # a captured step casts the weights in its graph: no cast kept from one step to the next
+                    AutocastKwargs(cache_enabled=False if config.cuda_graphs else None),
                 ],
                 **options,
             )
@@ -128,13 +154,16 @@ def build_accelerator(config: DPOConfig, **options: Any) -> tuple[Accelerator, s
 
 
 def check_precision(config: DPOConfig) -> None:
-    """fp16 and tf32 as Transformers takes them: on a GPU only (tf32 on NVIDIA's); tf32 set for torch."""
+    """fp16 and tf32 as Transformers takes them: on a GPU only (tf32 on NVIDIA's); tf32 set for torch;
+    cuda_graphs on an NVIDIA GPU."""
     device = resolve_device(None).type
     if config.mixed_precision == "fp16" and device == "cpu":
         raise OptionError(
             "mixed_precision fp16 (fp16 true) needs a GPU: on a CPU use bf16 (native on CPUs with AVX-512 "
             "BF16 or AMX) or no"
         )
+    if config.cuda_graphs and device != "cuda":
+        raise OptionError(f"cuda_graphs needs an NVIDIA GPU, not {device}: drop cuda_graphs")
     if config.tf32 is not None:
         if device != "cuda" and config.tf32:
             raise OptionError(f"tf32 true needs an NVIDIA GPU (Ampere or newer), not {device}: drop tf32")
@@ -274,6 +303,7 @@ class Run:
     recovery_structures: list[dict]
     data: RunData
     steps: Steps
+    step: Step  # forward and backward of a micro-batch under decoding ranks
     state: TrainerState = field(default_factory=TrainerState)
     eval_metrics: dict[str, float] = field(default_factory=dict)  # of the last evaluation
     train_metrics: dict[str, float] = field(default_factory=dict)  # of the last training log line
@@ -314,7 +344,7 @@ def prepare_run(
         reference = None
     train_set = ExampleDataset(data.train)
     options = {
-        "collate_fn": collate,
+        "collate_fn": partial(collate, pad_to_multiple_of=config.pad_to_multiple_of),
         "num_workers": config.dataloader_num_workers,
         "pin_memory": accelerator.device.type == "cuda",
     }
@@ -337,8 +367,9 @@ def prepare_run(
         num_training_steps=steps.total,
     )
     accelerator.register_for_checkpointing(scheduler)
+    step = build_step(config, model, reference, accelerator)
     return Run(accelerator, config, model, reference, optimizer, scheduler, train_loader, eval_loader,
-               recovery_structures, data, steps)  # fmt: skip
+               recovery_structures, data, steps, step)  # fmt: skip
 
 
 def train_batches(config: DPOConfig, lengths: np.ndarray, num_processes: int) -> dict[str, Any]:
@@ -465,20 +496,19 @@ def micro_step(run: Run, batch: dict[str, torch.Tensor], epoch: int) -> tuple[Ro
     the loss (on any rank) or the gradient norm is not finite. Returns every rank's per-example metrics,
     by name, whether the micro-batch was finite (every rank decides the same: losses are gathered,
     gradients all-reduced) and, at the end of an accumulation, the gradient norm (NaN otherwise)."""
-    accelerator, model = run.accelerator, run.model
+    accelerator, model, config = run.accelerator, run.model, run.config
     # backbone noise and dropout drawn from the micro-batch's own seed: a resumed run draws what one that
     # was never stopped draws, whatever ran in between (evaluation, checkpoints)
-    torch.manual_seed(derive_seed(run.config.seed, epoch, int(batch["index"][0]), accelerator.process_index))
+    torch.manual_seed(derive_seed(config.seed, epoch, int(batch["index"][0]), accelerator.process_index))
+    ranks = batch_ranks(batch, config.seed, config.num_decoding_orders, config.decoding_order, epoch)
     grad_norm = math.nan
     with accelerator.accumulate(model):
-        loss, rows = step_metrics(run.config, model, run.reference, batch, epoch, accelerator)
-        accelerator.backward(loss)
+        _, rows = run.step(batch, ranks)
         gathered = {name: values.cpu() for name, values in accelerator.gather_for_metrics(rows).items()}
         finite = bool(gathered["loss"].isfinite().all())
         if accelerator.sync_gradients:
-            grad_norm = float(
-                accelerator.clip_grad_norm_(model.parameters(), run.config.max_grad_norm or math.inf)
-            )
+            max_norm = config.max_grad_norm or math.inf
+            grad_norm = float(accelerator.clip_grad_norm_(model.parameters(), max_norm))
             finite &= math.isfinite(grad_norm)
             if finite:
                 run.optimizer.step()

@@ -125,7 +125,6 @@ NOT_APPLICABLE: dict[str, str] = {
     "truncation_mode": NOT_TRUNCATED,
     "padding_free": "batches are padded to their longest structure, grouped by length so that little is "
     "padding; per_device_train_batch_residues bounds them in residues",
-    "pad_to_multiple_of": f"{NO_TOKENS}: drop it",
     "pad_token": f"{NO_TOKENS}: drop it",
     "padding_value": f"{NO_TOKENS}: drop it",
     "precompute_ref_batch_size": "the reference is precomputed in batches of per_device_eval_batch_size",
