@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # Device check on one GPU (H100/H200): DPO training-step speed with the fused message kernels off ("before",
-# the plain PyTorch layers) and on, side by side, in about 5 minutes. Prints a table last: pairs/s, GPU busy
-# share and peak memory for each configuration and batch, fused off and on, and the speed-up.
+# the plain PyTorch layers) and on, side by side, in about 5 minutes; first, the CUDA graphs of the step
+# against the plain step (scripts/graphs_check.py: equality and speed, fp32 and bf16, batches 8 and 32; up
+# to 2 x 75 s more). Prints a table last: pairs/s, GPU busy share and peak memory for each configuration and
+# batch, fused off and on, and the speed-up.
 #
-#     bash scripts/gpu_check.sh                    # the whole matrix
+#     bash scripts/gpu_check.sh                    # the graphs, then the whole matrix
 #     SMOKE=1 bash scripts/gpu_check.sh            # tiny, on a CPU too: 1 step, batch 2, length 30, no compile
 #     MODES=on COMPILE=0 bash scripts/gpu_check.sh # only the fused kernels, no torch.compile run
+#     MATRIX=0 COMPILE=0 bash scripts/gpu_check.sh # the CUDA graphs alone (about 2 minutes)
 #
 # The matrix. Each of fp32 (--mixed_precision no) and bf16, without and with --precompute_ref_log_probs, is
 # one scripts/benchmark.py process per mode (one model load): the pairs file at batches 8 and 32, then
@@ -24,6 +27,8 @@
 #               share is sampled every 0.2 s)
 #   FILE_BATCHES ("8 32")  LENGTH (150)  LENGTH_BATCHES ("32 128")  PRECISIONS ("no bf16")
 #   PRECOMPUTE ("false true")  NUM_PAIRS (1024)  COMPILE (1; 0: no compiled run)  COMPILE_BATCH (32)
+#   COMPILE_MODES ("off": the compiled run with the fused kernels off)  MATRIX (1; 0: no matrix)
+#   GRAPHS (1; 0: no CUDA-graph check)  GRAPHS_BATCHES ("8 32")  GRAPHS_TIMEOUT (75 s per precision)
 #   RUN_TIMEOUT (75 s per process)  COMPILE_TIMEOUT (150 s per compiled process)  BUDGET_S (330 s for the
 #               whole script: a process is stopped at the deadline, those after it are skipped; the compiled
 #               runs have 2 x 60 s kept for them and share what is left equally)
@@ -47,13 +52,14 @@ START=$SECONDS
 if [ -n "${SMOKE:-}" ]; then
     STEPS=${STEPS:-1} WARMUP=${WARMUP:-1} MIN_SECONDS=${MIN_SECONDS:-0} FILE_BATCHES=${FILE_BATCHES:-2}
     LENGTH=${LENGTH:-30} LENGTH_BATCHES=${LENGTH_BATCHES:-2} COMPILE=${COMPILE:-0} COMPILE_BATCH=${COMPILE_BATCH:-2}
-    NUM_PAIRS=${NUM_PAIRS:-8}
+    NUM_PAIRS=${NUM_PAIRS:-8} GRAPHS=${GRAPHS:-0}
 fi
 MODES=${MODES:-off on}
 STEPS=${STEPS:-10} WARMUP=${WARMUP:-3} MIN_SECONDS=${MIN_SECONDS:-1}
 FILE_BATCHES=${FILE_BATCHES:-8 32} LENGTH=${LENGTH:-150} LENGTH_BATCHES=${LENGTH_BATCHES:-32 128}
 PRECISIONS=${PRECISIONS:-no bf16} PRECOMPUTE=${PRECOMPUTE:-false true} NUM_PAIRS=${NUM_PAIRS:-1024}
-COMPILE=${COMPILE:-1} COMPILE_BATCH=${COMPILE_BATCH:-32}
+COMPILE=${COMPILE:-1} COMPILE_BATCH=${COMPILE_BATCH:-32} COMPILE_MODES=${COMPILE_MODES:-off} MATRIX=${MATRIX:-1}
+GRAPHS=${GRAPHS:-1} GRAPHS_BATCHES=${GRAPHS_BATCHES:-8 32} GRAPHS_TIMEOUT=${GRAPHS_TIMEOUT:-75}
 RUN_TIMEOUT=${RUN_TIMEOUT:-75} COMPILE_TIMEOUT=${COMPILE_TIMEOUT:-150} BUDGET_S=${BUDGET_S:-330}
 OUT_DIR=${OUT:-outputs/gpu_check}
 WORK=${WORK:-${TMPDIR:-/tmp}/gpu_check_work}
@@ -149,8 +155,26 @@ run() {
         "$compiled" "$file_batches" "$LENGTH" "$length_batches"
 }
 
+# CUDA graphs: the plain step and its graphs on the same micro-batches, compared and timed (outside BUDGET_S)
+if [ "$GRAPHS" = 1 ]; then
+    for precision in $PRECISIONS; do
+        name="graphs-$precision"
+        args=(scripts/graphs_check.py --train_file "$TRAIN_FILE" --work_dir "$WORK" --mixed_precision "$precision"
+            --batch_sizes $GRAPHS_BATCHES)
+        [ -n "${MODEL:-}" ] && args+=(--model_name_or_path "$MODEL")
+        begin=$SECONDS
+        timeout --kill-after=10 "$GRAPHS_TIMEOUT" "$PYTHON" "${args[@]}" >"$OUT_DIR/logs/$name.out" \
+            2>"$OUT_DIR/logs/$name.log"
+        echo "[$name] rc $? in $((SECONDS - begin))s"
+        cat "$OUT_DIR/logs/$name.out"
+        [ -s "$OUT_DIR/logs/$name.out" ] || tail -n 6 "$OUT_DIR/logs/$name.log" | sed 's/^/    /'
+    done
+    DEADLINE=$((SECONDS + BUDGET_S))
+fi
+
 compile_runs=0
-[ "$COMPILE" = 1 ] && compile_runs=$(echo $MODES | wc -w)
+[ "$COMPILE" = 1 ] && compile_runs=$(echo $COMPILE_MODES | wc -w)
+[ "$MATRIX" = 1 ] || PRECISIONS=""
 for precision in $PRECISIONS; do
     for pre in $PRECOMPUTE; do
         for mode in $MODES; do
@@ -162,7 +186,7 @@ for precision in $PRECISIONS; do
     done
 done
 if [ "$COMPILE" = 1 ]; then
-    for mode in $MODES; do
+    for mode in $COMPILE_MODES; do
         share=$(((DEADLINE - SECONDS) / compile_runs))
         compile_runs=$((compile_runs - 1))
         run "$mode" bf16 false true "$(limit "$share" "$COMPILE_TIMEOUT")" "" "$COMPILE_BATCH"

@@ -40,7 +40,8 @@ class GraphedStep:
 
     The graphs write the gradients anew (they do not add to them): the caller steps the optimizer after
     every micro-batch (no gradient accumulation) and may set the gradients to None in between. The random
-    state is as it was before each capture, so that a step draws what the plain step draws."""
+    state the warm-up runs draw from is restored: a replay draws from the state at its start, as the plain
+    step does."""
 
     def __init__(self, step: Step, parameters: list[torch.nn.Parameter]) -> None:
         self.step = step
@@ -74,11 +75,11 @@ class GraphedStep:
                 self.step(static, static_ranks)
         torch.cuda.current_stream().wait_stream(side)
         self.set_grads_to_none()
-        torch.cuda.set_rng_state(random_state)
+        torch.cuda.set_rng_state(random_state)  # a replay draws from the state at its start (not a capture)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
+        # thread_local: DataLoader threads may pin memory meanwhile
+        with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
             loss, rows = self.step(static, static_ranks)
-        torch.cuda.set_rng_state(random_state)
         grads = [parameter.grad for parameter in self.parameters]
         return Captured(graph, static, static_ranks, loss, rows, grads)
 
