@@ -125,18 +125,25 @@ def step(model, batch: dict[str, torch.Tensor], precision: str) -> tuple[torch.T
 
 @interpreted
 @pytest.mark.parametrize("name", ["vanilla/v_48_020", "ligand/v_32_010_25"])
-def test_models_with_fused_kernels_equal_the_plain_layers(name: str):
+def test_models_with_fused_kernels_equal_the_plain_layers(name: str, monkeypatch: pytest.MonkeyPatch):
     """Whole models on real structures, every layer fused (LigandMPNN's context layers too): in fp32 the
     log-probs and gradients of the plain layers, which equal the official code's (test_model, test_ligand);
-    in bf16 (ProteinMPNN) the fp32 ones within the tolerances of the trainer's bf16 test (test_speed)."""
+    in bf16 (ProteinMPNN) the fp32 ones within the tolerances of the trainer's bf16 test (test_speed). The
+    fused path is taken only when turned on: by each encoder layer's two MLPs and each decoder layer's."""
     torch.manual_seed(0)
     model = load_model(name).eval()
     fused_model = copy.deepcopy(model)
     use_fused_kernels(fused_model, True)
     batch = designed(name)
     assert name.startswith("vanilla") or batch["context_mask"].any()
+    calls = []
+    original = fused._MessageMLP.apply
+    monkeypatch.setattr(fused._MessageMLP, "apply", lambda *args: calls.append(1) or original(*args))
     logps, gradient = step(model, batch, "no")
+    assert calls == []  # off by default
     logps_fused, gradient_fused = step(fused_model, batch, "no")
+    if name.startswith("vanilla"):
+        assert len(calls) == 3 * 2 + 3
     assert (logps_fused - logps).abs().max() < 1e-3  # sums of ~90 log-probs, each within 1e-5
     assert relative(gradient_fused, gradient) < 1e-5
     if name.startswith("ligand"):
@@ -145,17 +152,3 @@ def test_models_with_fused_kernels_equal_the_plain_layers(name: str):
     assert ((logps16 - logps).abs() <= 2**-7 * logps.abs()).all()
     assert F.cosine_similarity(gradient16, gradient, dim=0) > 0.99
     assert float(gradient16.norm()) == pytest.approx(float(gradient.norm()), rel=0.05)
-
-
-@interpreted
-def test_the_fused_path_is_taken_only_when_turned_on(monkeypatch: pytest.MonkeyPatch):
-    batch = designed("vanilla/v_48_020")
-    calls = []
-    original = fused._MessageMLP.apply
-    monkeypatch.setattr(fused._MessageMLP, "apply", lambda *args: calls.append(1) or original(*args))
-    model = load_model("vanilla/v_48_020").eval()
-    step(model, batch, "no")
-    assert calls == []  # off by default
-    use_fused_kernels(model, True)
-    step(model, batch, "no")
-    assert len(calls) == 3 * 2 + 3  # each encoder layer's two MLPs, each decoder layer's
