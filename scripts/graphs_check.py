@@ -6,9 +6,10 @@
 The model as `python -m dpo_inv.run --cuda_graphs` builds it; for each batch size, the same micro-batches
 (padded to `--pad_to_multiple_of`, 32 by default) through the plain step and through its CUDA graphs
 (`build_step` with and without `cuda_graphs`; forward and backward, the optimizer left out so that both see
-the same weights). Printed, one JSON line each: the largest difference of loss, metrics and gradients
-relative to their scale, the graphs captured, and the forward-and-backward pairs/s of each path (alternating,
-after `--warmup`), with the speed-up. Every other option is a `DPOConfig` field.
+the same weights), first compared (every shape captured), then timed. Printed, one JSON line each: the
+largest difference of loss, metrics and gradients relative to their scale, the graphs captured, and the
+forward-and-backward pairs/s of each path (alternating), with the speed-up. Every other option is a
+`DPOConfig` field.
 """
 
 from __future__ import annotations
@@ -33,8 +34,7 @@ from dpo_inv.training.trainer import build_step
 @dataclass
 class Options:
     batch_sizes: list[int] = field(default_factory=lambda: [8, 32], metadata={"help": "Micro-batch sizes."})
-    steps: int = field(default=20, metadata={"help": "Timed micro-batches of each path."})
-    warmup: int = field(default=3, metadata={"help": "Micro-batches compared first (and captured)."})
+    steps: int = field(default=20, metadata={"help": "Micro-batches compared, then timed, on each path."})
     num_pairs: int = field(default=1024, metadata={"help": "The train_file's pairs repeated to this many."})
     work_dir: str = field(default="outputs/graphs_check", metadata={"help": "Data file and feature cache."})
 
@@ -55,12 +55,12 @@ def check(trainer: Trainer, options: Options, batch_size: int) -> dict:
     data = load_records(scaled_pairs(config.train_file, options.num_pairs, work), cache_dir=work / "cache")
     stream = epochs(train_loader(trainer, data, batch_size, True))
     batches = []
-    for _ in range(options.warmup + options.steps):
+    for _ in range(options.steps):
         epoch, batch = next(stream)
         ranks = batch_ranks(batch, config.seed, config.num_decoding_orders, config.decoding_order, epoch)
         batches.append((batch, ranks))
     worst: dict[str, float] = {}
-    for batch, ranks in batches[: options.warmup]:
+    for batch, ranks in batches:  # compared; every shape captured before the timing
         model.zero_grad(set_to_none=True)
         loss, rows = plain(batch, ranks)
         expected = {"loss": loss, **rows, "gradients": gradients(model)}
@@ -70,7 +70,7 @@ def check(trainer: Trainer, options: Options, batch_size: int) -> dict:
         for name, value in expected.items():
             worst[name] = max(worst.get(name, 0.0), relative(got[name], value))
     seconds = {"plain": 0.0, "graphs": 0.0}
-    for batch, ranks in batches[options.warmup :]:
+    for batch, ranks in batches:
         for name, step in (("plain", plain), ("graphs", graphed)):
             model.zero_grad(set_to_none=True)
             torch.cuda.synchronize()
