@@ -81,12 +81,16 @@ class GraphFeatures(nn.Module):
         super().__init__()
         self.top_k = top_k
         self.embeddings = PositionalEncodings(_NUM_POSITIONAL)
-        self.register_buffer("atom_pairs", torch.tensor(self.ATOM_PAIRS).T.contiguous(), persistent=False)
+        self.register_buffer("atom_pairs", self._atom_pair_table(), persistent=False)
+
+    def _atom_pair_table(self) -> Tensor:
+        """``ATOM_PAIRS`` as ``[2, P]``: the centre atoms, then the neighbour atoms."""
+        return torch.tensor(self.ATOM_PAIRS).T.contiguous()
 
     @torch.no_grad()
     def init_buffers(self) -> None:
         """Fill the constant buffers, which a checkpoint does not hold."""
-        self.atom_pairs.copy_(torch.tensor(self.ATOM_PAIRS).T)
+        self.atom_pairs.copy_(self._atom_pair_table())
 
     def _dist(self, Ca: Tensor, mask: Tensor, eps: float = 1e-6) -> tuple[Tensor, Tensor]:
         """Distances to and indices of the ``top_k`` nearest residues (missing residues pushed last)."""
