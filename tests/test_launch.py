@@ -113,36 +113,40 @@ def test_cores_that_other_work_keeps_busy_are_left_to_it():
 
 FAULTS_OF_LATER_TENSORS = """
 import resource, sys, torch
-from dpo_inv.training.launch import reuse_freed_memory
+from dpo_inv.training.launch import return_freed_memory, reuse_freed_memory
 if sys.argv[1] == "reuse":
     reuse_freed_memory()
-for _ in range(3):  # a freed 200 MB block may not fit the next (memalign slack, small objects in it)
-    torch.ones(50_000_000)
+size = int(sys.argv[2])
+for _ in range(3):  # a freed block may not fit the next (memalign slack, small objects in it)
+    torch.ones(size)
 before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 for _ in range(3):  # by now the heap holds two such blocks: pages mapped afresh, or reused
-    torch.ones(50_000_000)
-print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+    torch.ones(size)
+faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+held = int(open("/proc/self/statm").read().split()[1]) * 4096
+return_freed_memory()
+print(faults, held, int(open("/proc/self/statm").read().split()[1]) * 4096)
 """
 
 
 @pytest.mark.slow
 def test_training_reuses_the_memory_torch_frees():
     """With glibc's defaults a freed 200 MB tensor goes back to the system and the next one faults its
-    50,000 pages in again; after `reuse_freed_memory` (which the trainer and adapt call) the same tensor
-    made again and again reuses them (checked over 24 heap layouts: the fourth to sixth fault none)."""
-    faults = {
-        setting: int(
-            subprocess.run(
-                [sys.executable, "-c", FAULTS_OF_LATER_TENSORS, setting],
-                check=True,
-                capture_output=True,
-                text=True,
-            ).stdout
-        )  # fmt: skip
-        for setting in ("default", "reuse")
-    }
-    assert faults["default"] > 3 * 40_000
-    assert faults["reuse"] < 1_000
+    50,000 pages in again; after `reuse_freed_memory` (which the trainer, adapt and propose call) the same
+    tensor made again and again reuses them (checked over 24 heap layouts: the fourth to sixth fault none),
+    and so does a 2.4 GB one (a step of LigandMPNN on the ligand example frees 17 GB); `return_freed_memory`
+    (at the end of a run) gives them back."""
+
+    def run(setting: str, floats: int) -> tuple[int, int, int]:
+        printed = subprocess.run([sys.executable, "-c", FAULTS_OF_LATER_TENSORS, setting, str(floats)],
+                                 check=True, capture_output=True, text=True).stdout  # fmt: skip
+        faults, held, after = map(int, printed.split())
+        return faults, held, after
+
+    assert run("default", 50_000_000)[0] > 3 * 40_000
+    assert run("reuse", 50_000_000)[0] < 1_000
+    faults, held, after = run("reuse", 600_000_000)
+    assert faults < 1_000 and held > 4.8e9 and after < held - 4.8e9
 
 
 def test_native_bf16_is_read_off_the_cpu_flags():

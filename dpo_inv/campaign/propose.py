@@ -35,7 +35,7 @@ from dpo_inv.models.combinations import MAX_ORDERS
 from dpo_inv.models.mpnn import ProteinMPNN
 from dpo_inv.models.weights import as_model
 from dpo_inv.tools.reward_fn import RewardFunction, compute_rewards
-from dpo_inv.training.launch import resolve_device, reuse_freed_memory
+from dpo_inv.training.launch import resolve_device, return_freed_memory, reuse_freed_memory
 
 
 def settle_campaign(config: ProposeConfig) -> ProposeConfig:
@@ -189,6 +189,7 @@ def propose_round(config: ProposeConfig, models: list[ProteinMPNN] | None = None
         summary["best_file"] = str(folder.best_file)
         summary["seconds"] = round(time.time() - start, 1)
         folder.write_summary(n, summary)
+    return_freed_memory()
     return summary
 
 

@@ -59,6 +59,7 @@ from dpo_inv.tools.ridge import (
 )
 from dpo_inv.training.launch import (
     resolve_device,
+    return_freed_memory,
     reuse_freed_memory,
     setup_environment,
     threads_kept,
@@ -528,6 +529,7 @@ def adapt_model(model: ProteinMPNN, data: Data, config: AdaptOptions) -> tuple[P
     if state.is_main_process:
         write_json(Path(config.output_dir) / "adapt.json", report)
     state.wait_for_everyone()
+    return_freed_memory()
     return result.model.eval(), report
 
 

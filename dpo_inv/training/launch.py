@@ -200,19 +200,34 @@ def threads_kept(threads: int) -> Iterator[None]:
     torch.set_num_threads(threads)
 
 
+def glibc() -> ctypes.CDLL | None:
+    """The C library where it is glibc (whose malloc `reuse_freed_memory` tunes), else None."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return None
+    return libc if hasattr(libc, "mallopt") and hasattr(libc, "malloc_trim") else None
+
+
 def reuse_freed_memory() -> None:
     """Keep the memory torch frees in this process for its next tensors, as jemalloc and tcmalloc do (the
     allocators PyTorch's CPU performance guide recommends): glibc's malloc returns large blocks to the
     system and takes them back page by page, so that each CPU training step maps and zeroes the activations
-    of the step before afresh (77,000 page faults a step for SFT on four chains; see docs/sft.md). The
-    process keeps its peak memory until it ends. Nothing where the C library is not glibc."""
-    try:
-        mallopt = ctypes.CDLL("libc.so.6").mallopt
-    except (OSError, AttributeError):
+    of the step before afresh (77,000 page faults a step for SFT on four chains, see docs/sft.md; a third of
+    LigandMPNN's step on the ligand example, whose activations take 17 GB). The process keeps its peak
+    memory until `return_freed_memory`. Nothing where the C library is not glibc."""
+    if (libc := glibc()) is None:
         return
     m_trim_threshold, m_mmap_max = -1, -4  # glibc's malloc.h
-    mallopt(m_mmap_max, 0)  # every block from the heap, none mapped on its own
-    mallopt(m_trim_threshold, 2**31 - 1)  # the heap's free top kept up to 2 GiB
+    libc.mallopt(m_mmap_max, 0)  # every block from the heap, none mapped on its own
+    libc.mallopt(m_trim_threshold, -1)  # the heap's free top never trimmed (-1: off)
+
+
+def return_freed_memory() -> None:
+    """Give the memory freed since `reuse_freed_memory` back to the system, at the end of a run, for what
+    the process (a notebook, a script) does next."""
+    if (libc := glibc()) is not None:
+        libc.malloc_trim(0)
 
 
 def cpu_computes_bf16(cpuinfo: str | None = None) -> bool | None:

@@ -62,6 +62,7 @@ from dpo_inv.training.launch import (
     cpu_computes_bf16,
     device_backend,
     resolve_device,
+    return_freed_memory,
     reuse_freed_memory,
     say,
     setup_environment,
@@ -690,6 +691,7 @@ def fit(
             trained = load_model(run.output_dir / "final").to(accelerator.device)
     accelerator.free_memory()
     accelerator._custom_objects.clear()  # free_memory leaves the scheduler registered for checkpoints
+    return_freed_memory()
     return Fitted(trained, run.eval_metrics, run.state.global_step, run.train_metrics)
 
 
