@@ -183,7 +183,8 @@ def test_precomputed_reference_log_probs_give_the_same_training(tmp_path):
 @pytest.mark.slow
 def test_torch_compile_trains_as_eager_and_saves_plain_models(tmp_path):
     """The trainer's regional torch.compile: the same losses and weights, and saved models without the
-    compiler's wrappers in their parameter names."""
+    compiler's wrappers in their parameter names. Compiled kernels fuse and round differently from the
+    eager reference, so even the first step's loss is ln 2 only to about 1e-4 relative (once 3.2e-5 off)."""
     needs_program("g++")
     args = ("--train_file", str(small_pairs(tmp_path, limit=4)), "--eval_split", "0", "--max_steps", "2",
             "--per_device_train_batch_size", "2", "--learning_rate", "3e-4", "--warmup_steps", "0",
@@ -191,7 +192,7 @@ def test_torch_compile_trains_as_eager_and_saves_plain_models(tmp_path):
     run(tmp_path, *args, "--output_dir", str(tmp_path / "eager"))
     run(tmp_path, *args, "--output_dir", str(tmp_path / "compiled"), "--torch_compile")
     for a, b in zip(metrics(tmp_path / "eager"), metrics(tmp_path / "compiled"), strict=True):
-        assert b["loss"] == pytest.approx(a["loss"], abs=1e-5)
+        assert b["loss"] == pytest.approx(a["loss"], rel=1e-4)
         assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-4)
     eager, compiled = weights(tmp_path / "eager" / "final"), weights(tmp_path / "compiled" / "final")
     assert compiled.keys() == eager.keys() == load_model("vanilla/v_48_020").state_dict().keys()
