@@ -32,7 +32,6 @@ trains.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import gc
 import io
 import json
@@ -70,6 +69,7 @@ from dpo_inv.models.weights import model_parse_options
 from dpo_inv.structures.parse import AMINO_ACIDS, BACKBONE_ATOMS, parse_structure
 from dpo_inv.training.config import DPOConfig
 from dpo_inv.training.graphs import Step
+from dpo_inv.training.launch import return_freed_memory
 from dpo_inv.training.loading import precompute_reference
 from dpo_inv.training.loss import batch_ranks
 from dpo_inv.training.trainer import build_accelerator, build_optimizer, build_step, load_models
@@ -222,8 +222,7 @@ def reset_peak_memory(device: torch.device) -> float:
         torch.cuda.reset_peak_memory_stats(device)
         return torch.cuda.memory_allocated(device) / 2**20
     gc.collect()
-    with contextlib.suppress(OSError, AttributeError):  # glibc: return freed memory, so RSS is what is live
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    return_freed_memory()  # glibc: so that RSS is what is live
     with contextlib.suppress(OSError):
         Path("/proc/self/clear_refs").write_text("5")  # Linux: reset the peak RSS (VmHWM)
     return proc_value("/proc/self/status", "VmRSS")
