@@ -24,16 +24,17 @@ from torch.utils.data import DataLoader
 
 import dpo_inv.data.featurized
 import dpo_inv.structures.parse
-from dpo_inv.data.batches import ExampleDataset, LengthGroupedSampler, collate
+from dpo_inv.data.batches import REFERENCE_COLUMNS, ExampleDataset, LengthGroupedSampler, collate
 from dpo_inv.data.dataset import load_records
 from dpo_inv.errors import OptionError
 from dpo_inv.models.mpnn import ProteinMPNN
 from dpo_inv.models.weights import load_model
 from dpo_inv.training.config import DPOConfig
-from dpo_inv.training.loading import precompute_reference
+from dpo_inv.training.evaluation import evaluate
+from dpo_inv.training.loading import RunData, precompute_reference
 from dpo_inv.training.loss import batch_ranks, pair_logps
 from dpo_inv.training.objective import step_metrics
-from dpo_inv.training.trainer import build_accelerator, build_step
+from dpo_inv.training.trainer import build_accelerator, build_step, prepare_run
 
 POLICY, REFERENCE = "vanilla/v_48_020", "vanilla/v_48_010"  # different weights: a loss that is not log 2
 CONFIG = DPOConfig(model_name_or_path=POLICY, ref_model_name_or_path=REFERENCE)
@@ -333,6 +334,41 @@ def test_precomputed_reference_runs_no_reference_forward_in_training(
     with torch.no_grad():
         expected, _ = step_metrics(plain, policy, reference, batch_of(data, range(4)), epoch=0)
     torch.testing.assert_close(loss.detach(), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_every_evaluation_reads_the_eval_pairs_reference_computed_once(
+    data, policy, reference, accelerator_for, monkeypatch
+):
+    """The trainer scores the eval pairs with the reference once, before training, where the loss needs
+    only its sums: an evaluation then runs no reference forward and gives, exactly, the metrics of the
+    reference run live. ResiDPO (per-position reference terms) keeps the reference live."""
+    encodes = []
+    encode = ProteinMPNN.encode
+    monkeypatch.setattr(
+        ProteinMPNN,
+        "encode",
+        lambda self, X, *a, **k: encodes.append(self is reference) or encode(self, X, *a, **k),
+    )
+    config = replace(CONFIG, per_device_eval_batch_size=4)
+    accelerator = accelerator_for(config)
+    train, held_out = (
+        replace(data, records=data.records.select(rows)) for rows in ([0, 8], [1, 2, 9, 10, 11])
+    )
+    run = prepare_run(accelerator, config, copy.deepcopy(policy), reference, RunData(train, held_out))
+    assert encodes == [True, True]  # two eval batches, before training
+    encodes.clear()
+    once = evaluate(accelerator, config, run.model, run.reference, run.eval_loader, [])
+    assert encodes == [False, False]
+    live_loader = DataLoader(ExampleDataset(held_out), 4, collate_fn=collate)
+    live = evaluate(accelerator, config, run.model, run.reference, live_loader, [])
+    assert encodes[2:] == [False, True, False, True]
+    assert math.isnan(once.pop("eval_recovery")) and math.isnan(live.pop("eval_recovery"))  # no structures
+    assert once == live and once["eval_loss"] != pytest.approx(math.log(2))
+
+    residpo = replace(config, loss_type=["residpo"])
+    assert not residpo.reference_sums_only and config.reference_sums_only
+    run = prepare_run(accelerator, residpo, copy.deepcopy(policy), reference, RunData(train, held_out))
+    assert REFERENCE_COLUMNS[0] not in run.data.eval.records.column_names
 
 
 def test_no_structure_is_parsed_after_the_first_load(tmp_path, monkeypatch):

@@ -61,7 +61,7 @@ def _values(table: pa.Table) -> dict[str, Sequence[Any]]:
 BATCH_STRUCTURE_KEYS = (
     "X", "mask", "residue_idx", "chain_encoding", "design_mask", "native", "context_xyz", "context_element",
 )  # fmt: skip
-REFERENCE_COLUMNS = ("ref_chosen_logps", "ref_rejected_logps")  # with precompute_ref_log_probs
+REFERENCE_COLUMNS = ("ref_chosen_logps", "ref_rejected_logps")  # precomputed: training (asked), eval pairs
 # The model's structure inputs (`ProteinMPNN.encode`) a batch may hold.
 STRUCTURE_INPUTS = (
     "X", "mask", "residue_idx", "chain_encoding", "context_xyz", "context_element", "context_mask",

@@ -494,6 +494,17 @@ class DPOConfig(LoraOptions, DecodingOrderOptions):
         return "structures" if self.loss_type == ["sft"] else "pairs"
 
     @property
+    def reference_sums_only(self) -> bool:
+        """The loss reads only the reference's summed log-probs of each pair's two sequences, which can be
+        computed once: pairs with a reference, not residpo or anchor_weight (per-position terms)."""
+        return (
+            self.record_kind == "pairs"
+            and not self.reference_free
+            and "residpo" not in self.loss_type
+            and not self.anchor_weight
+        )
+
+    @property
     def unpaired(self) -> bool:
         """Training on labelled sequences (kto, apo_zero_unpaired) instead of pairs."""
         return self.loss_type[0] in kto.UNPAIRED_LOSS_TYPES

@@ -9,6 +9,7 @@ from contextlib import AbstractContextManager, nullcontext
 import torch
 from accelerate import Accelerator
 
+from dpo_inv.data.batches import REFERENCE_COLUMNS
 from dpo_inv.models.mpnn import ProteinMPNN
 from dpo_inv.training import kto, sft
 from dpo_inv.training.config import DPOConfig
@@ -56,11 +57,11 @@ def reference_logps(
     ranks: torch.Tensor,
     accelerator: Accelerator | None = None,
 ) -> PairLogps | None:
-    """The reference's log-probs of a batch's pairs: none when reference-free, the precomputed ones, or
-    the reference's forward in the policy's precision."""
+    """The reference's log-probs of a batch's pairs: none when reference-free, the precomputed ones the
+    batch carries, or the reference's forward in the policy's precision."""
     if config.reference_free:
         return None
-    if config.precompute_ref_log_probs:
+    if REFERENCE_COLUMNS[0] in batch:
         return PairLogps(batch["ref_chosen_logps"], batch["ref_rejected_logps"], batch["loss_mask"].sum(-1))
     with torch.no_grad(), policy_precision(accelerator):
         return pair_logps(reference, batch, ranks)

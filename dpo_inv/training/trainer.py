@@ -335,7 +335,8 @@ def prepare_run(
     data: RunData,
 ) -> Run:
     """Loaders, optimizer and schedule, prepared for this launch; the reference's log-probs precomputed
-    when asked (the reference is then dropped)."""
+    when asked (the reference is then dropped), and always those of the eval pairs where the loss needs
+    only their sums: the reference is fixed, so every evaluation would compute the same."""
     if config.precompute_ref_log_probs:
         data = RunData(
             precompute_reference(accelerator, reference, data.train, config),
@@ -343,6 +344,10 @@ def prepare_run(
             data.variants,
         )
         reference = None
+    elif data.eval is not None and config.reference_sums_only:
+        data = RunData(
+            data.train, precompute_reference(accelerator, reference, data.eval, config), data.variants
+        )
     train_set = ExampleDataset(data.train)
     options = {
         "collate_fn": partial(collate, pad_to_multiple_of=config.pad_to_multiple_of),
