@@ -95,17 +95,18 @@ def test_records_in_memory_load_as_the_file_does(tmp_path):
 
 @pytest.mark.slow
 def test_score_gives_the_numbers_of_the_command(tmp_path):
-    output = tmp_path / "scored.jsonl"
-    summary = score_file(ScoreConfig(data=str(PAIRS), output=str(output), reference="vanilla/v_48_020"))
+    pairs, output = tmp_path / "pairs.jsonl", tmp_path / "scored.jsonl"
+    pairs.write_text("".join(json.dumps(row) + "\n" for row in records(PAIRS)[:8]))
+    summary = score_file(ScoreConfig(data=str(pairs), output=str(output), reference="vanilla/v_48_020"))
     expected = [json.loads(line) for line in output.read_text().splitlines()]
     model = dpo_inv.load_model("vanilla/v_48_020")
-    frame = dpo_inv.score(model, pd.DataFrame(records(PAIRS)), reference=model)
-    assert isinstance(frame, pd.DataFrame) and len(frame) == len(expected)
+    frame = dpo_inv.score(model, pd.DataFrame(records(pairs)), reference=model)
+    assert isinstance(frame, pd.DataFrame) and len(frame) == len(expected) == 8
     # the summary the command prints comes with the records
     assert frame.attrs["summary"].items() <= summary.items() and "accuracy" in frame.attrs["summary"]
     for name in ("preferred_logp", "unpreferred_logp", "preferred_reward"):
         assert frame[name].tolist() == [row[name] for row in expected], name
-    assert dpo_inv.score("vanilla/v_48_020", str(PAIRS))[3]["preferred_logp"] == expected[3]["preferred_logp"]
+    assert dpo_inv.score("vanilla/v_48_020", str(pairs))[3]["preferred_logp"] == expected[3]["preferred_logp"]
 
 
 def test_sample_gives_the_sequences_of_the_command(tmp_path):

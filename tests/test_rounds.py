@@ -5,6 +5,7 @@ import json
 import shutil
 import subprocess
 import sys
+from decimal import ROUND_HALF_UP, Decimal
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ import torch
 from conftest import EXAMPLE, ROOT
 from safetensors.torch import load_file
 from test_distributed import torchrun
+from test_tour import shell_blocks
 from test_train import env
 
 from dpo_inv.data.records import DataError
@@ -62,12 +64,14 @@ def reward_file(tmp_path: Path, text: str = REWARD) -> Path:
     return path
 
 
-def rounds(tmp_path: Path, *args: str, launcher: tuple[str, ...] = (), check: bool = True):
+def rounds(
+    tmp_path: Path, *args: str, launcher: tuple[str, ...] = (), check: bool = True, threads: int | None = None
+):
     command = launcher or (sys.executable,)
     result = subprocess.run(
         [*command, "-m", "dpo_inv", "rounds", "--cache_dir", str(tmp_path / "cache"), *args],
         cwd=ROOT,
-        env=env(tmp_path),
+        env={**env(tmp_path), **({"OMP_NUM_THREADS": str(threads)} if threads else {})},
         capture_output=True,
         text=True,
         timeout=1200,
@@ -258,25 +262,30 @@ def test_diversity_is_the_mean_identity_within_targets():
     assert diversity(samples) == pytest.approx(((0.75 + 0 + 0.25) / 3 + 1) / 2)
 
 
+def three_places(value: float) -> str:
+    """A logged value (four decimals) as the pages write it: three, the half rounded up."""
+    return str(Decimal(str(value)).quantize(Decimal("0.001"), ROUND_HALF_UP))
+
+
 @pytest.mark.slow
-def test_the_example_reward_rises_over_rounds(tmp_path):
-    """The bundled example, shortened: the mean reward of the samples rises, recovery stays."""
+def test_the_example_raises_the_reward_over_rounds_as_the_pages_show(tmp_path):
+    """`make rounds-example` on two threads, as the pages' numbers were measured (the tour leaves it to this
+    test): the mean reward of the samples rises, recovery stays; rounds.jsonl holds the lines docs/rounds.md
+    shows (but for their seconds), and the README and the page quote its numbers."""
     output = tmp_path / "out"
-    rounds(
-        tmp_path,
-        "--config",
-        "configs/rounds_example.yaml",
-        "--output_dir",
-        str(output),
-        "--num_train_epochs",
-        "1",
-        "--learning_rate",
-        "1e-4",
-    )
+    rounds(tmp_path, "--config", "configs/rounds_example.yaml", "--output_dir", str(output), threads=2)
     lines = read_jsonl(output / "rounds.jsonl")
     assert len(lines) == 3
     assert lines[-1]["mean_reward"] > lines[0]["mean_reward"] + 0.03
     assert abs(lines[-1]["recovery"] - lines[0]["recovery"]) < 0.05
+    (shown,) = [shown for block, shown in shell_blocks("docs/rounds.md") if "make rounds-example" in block]
+    shown_lines = [json.loads(text) for text in shown.splitlines()]
+    assert [{**line, "seconds": 0} for line in lines] == [{**line, "seconds": 0} for line in shown_lines]
+    first, last = (three_places(-line["mean_reward"]) for line in (lines[0], lines[-1]))
+    said = f"rose from −{first} to −{last} while the native-sequence recovery of the samples stayed at "
+    said += three_places(lines[-1]["recovery"])
+    for page in ("README.md", "docs/rounds.md"):
+        assert said in " ".join((ROOT / page).read_text().split()), page
 
 
 @pytest.mark.slow
