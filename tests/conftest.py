@@ -10,6 +10,9 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import pytest
+import torch
+
+from dpo_inv.cli import run as run_command
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"
@@ -41,6 +44,21 @@ def gunzip(path: Path, directory: Path) -> Path:
 # System programs some tests run, and what installs them: such a test skips, saying so, where one is missing
 PROGRAMS = {"mpiexec": "MPICH's mpiexec (.ci/run installs it: apt-get install mpich)",
             "g++": "a C++ compiler for torch.compile's CPU code (apt-get install g++)"}  # fmt: skip
+
+
+def command_in_process(capsys: pytest.CaptureFixture, command: str, *args: str) -> tuple[int, str, str]:
+    """`python -m dpo_inv COMMAND ARGS` in the test's process (no interpreter of its own to start): its exit
+    status, stdout and stderr; torch's threads, which the runner sets, as they were."""
+    threads = torch.get_num_threads()
+    try:
+        run_command(command, list(args), prog="python -m dpo_inv")
+        code = 0
+    except SystemExit as exit_:
+        code = exit_.code
+    finally:
+        torch.set_num_threads(threads)
+    out, err = capsys.readouterr()
+    return code, out, err
 
 
 def needs_program(name: str) -> None:

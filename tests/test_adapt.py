@@ -8,9 +8,8 @@ import sys
 import numpy as np
 import pytest
 import torch
-from conftest import ROOT, stability_rows
+from conftest import ROOT, command_in_process, stability_rows
 
-from dpo_inv import cli
 from dpo_inv.data.batches import ExampleDataset, collate
 from dpo_inv.data.dataset import VARIANTS, load_records
 from dpo_inv.models import variants
@@ -141,20 +140,6 @@ def score_command(tmp_path, *args: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, cwd=ROOT)  # fmt: skip
 
 
-def score_in_process(capsys: pytest.CaptureFixture, tmp_path, *args: str) -> tuple[int, str]:
-    """`python -m dpo_inv score` in this process (a refusal needs no interpreter of its own): its exit
-    status and what it wrote to stderr; torch's threads as they were."""
-    threads = torch.get_num_threads()
-    try:
-        cli.run("score", ["--output", str(tmp_path / "scored.jsonl"), *args], prog="python -m dpo_inv")
-        code = 0
-    except SystemExit as exit_:
-        code = exit_.code
-    finally:
-        torch.set_num_threads(threads)
-    return code, capsys.readouterr().err
-
-
 @pytest.mark.slow
 def test_the_augmented_ridge_adapt_ships_is_what_score_applies(tmp_path, capsys):
     labelled = write(tmp_path / "labelled.jsonl", domain_rows(40))
@@ -211,7 +196,9 @@ def test_the_augmented_ridge_adapt_ships_is_what_score_applies(tmp_path, capsys)
             "not an augmented ridge file",
         ),
     ]:
-        code, stderr = score_in_process(capsys, tmp_path, "--ridge", str(ridge), *args)
+        code, _, stderr = command_in_process(
+            capsys, "score", "--output", str(tmp_path / "scored.jsonl"), "--ridge", str(ridge), *args
+        )
         assert code == 2, stderr
         lines = [line for line in stderr.splitlines() if "error:" in line or line.startswith(str(tmp_path))]
         records = 3 if str(other) in args else 1  # a bad record is a line each, another bad input one line

@@ -10,14 +10,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import EXAMPLE
+from conftest import EXAMPLE, command_in_process
 
 from dpo_inv.campaign import propose
 from dpo_inv.campaign.config import ProposeConfig
 from dpo_inv.campaign.history import read_history
 from dpo_inv.campaign.plot import RoundOutcome, plot_campaign
 from dpo_inv.campaign.propose import included_variants
-from dpo_inv.cli import run as run_command
 from dpo_inv.data.design import read_design_space
 from dpo_inv.data.measurements import read_measurements
 from dpo_inv.data.records import DataError
@@ -32,13 +31,7 @@ START = ("--structure", str(STRUCTURE), "--chain_id", "A", *SPACE, "--num_propos
 
 def call(capsys: pytest.CaptureFixture, campaign: Path, *args: str) -> tuple[int, str, str]:
     """`propose --campaign campaign *args`: its exit status, stdout and stderr."""
-    try:
-        run_command("propose", ["--campaign", str(campaign), *args])
-        code = 0
-    except SystemExit as exit_:
-        code = exit_.code
-    out, err = capsys.readouterr()
-    return code, out, err
+    return command_in_process(capsys, "propose", "--campaign", str(campaign), *args)
 
 
 def start(tmp_path: Path, capsys: pytest.CaptureFixture, *args: str) -> Path:
@@ -274,10 +267,8 @@ def test_a_second_propose_on_a_running_campaign_is_refused(tmp_path, capsys):
 
 def test_a_campaign_with_nothing_measured_has_no_picture(tmp_path, capsys):
     campaign = start(tmp_path, capsys)
-    with pytest.raises(SystemExit) as exit_:
-        run_command("plot", [str(campaign)])
-    err = capsys.readouterr().err
-    assert exit_.value.code == 2 and "nothing measured yet" in err and len(err.strip().splitlines()) == 1, err
+    code, _, err = command_in_process(capsys, "plot", str(campaign))
+    assert code == 2 and "nothing measured yet" in err and len(err.strip().splitlines()) == 1, err
     assert not (campaign / "campaign.png").exists()
 
 

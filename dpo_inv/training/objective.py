@@ -62,7 +62,7 @@ def reference_logps(
     if config.reference_free:
         return None
     if REFERENCE_COLUMNS[0] in batch:
-        return PairLogps(batch["ref_chosen_logps"], batch["ref_rejected_logps"], batch["loss_mask"].sum(-1))
+        return PairLogps(*(batch[name] for name in REFERENCE_COLUMNS), batch["loss_mask"].sum(-1))
     with torch.no_grad(), policy_precision(accelerator):
         return pair_logps(reference, batch, ranks)
 
