@@ -1,22 +1,105 @@
-"""The fused message-MLP kernels on a GPU: equal to the plain computation, and how long each takes.
+"""The fused message-MLP kernels on a GPU: equal to the plain computation, and how long each takes; or,
+on any machine, what each compiles to for a GPU.
 
     python scripts/fused_check.py            # a DPO micro-batch's decoder layer: 128 structures of 150
                                              # residues, 48 neighbours, 2 sequences each, bf16
+    python scripts/fused_check.py --compile_only   # no GPU needed: every kernel, form and autotuned
+                                                   # config compiled for an H100/H200 (sm_90)
 
 For each form the layers use it prints the relative error of the fused forward and gradients against the
 plain PyTorch computation in fp32, and the time of forward + backward of each path (CUDA events, median).
+With `--compile_only` it compiles each kernel with Triton's compiler and the `ptxas` Triton ships, for the
+GPU architecture `--arch` (90: Hopper), as the layers launch it under bf16 autocast (per-edge blocks in bf16,
+weights in fp32, 48 neighbours; LigandMPNN's context layers 25), and prints per config the shared memory,
+the registers per thread and the bytes spilled to local memory per thread: a kernel that does not compile,
+or needs more shared memory than a multiprocessor has (227 KB on sm_90), fails there before a GPU is used.
 """
 
 from __future__ import annotations
 
 import argparse
+import re
+import subprocess
+import tempfile
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+import triton
+import triton.language as tl
+from triton.backends.compiler import GPUTarget
+from triton.backends.nvidia.compiler import get_ptxas
+from triton.compiler import ASTSource
 from triton.testing import do_bench
 
 from dpo_inv.models import fused
+
+# form: (sequences per structure N, neighbours K, HAS_TABLE, HAS_SCALE, HAS_WEIGHT, EDGE_OUT), as the
+# layers call the kernels
+FORMS = {
+    "decoder": (2, 48, True, True, False, False),
+    "encoder": (1, 48, True, False, True, False),
+    "edge update": (1, 48, True, False, False, True),
+    "context": (1, 25, False, False, True, False),
+}
+KERNELS = {"forward": fused._forward_kernel, "backward": fused._backward_kernel}
+SHARED_MEMORY_KB = {90: 227, 80: 163, 89: 99}  # the most one block may use, by architecture
+POINTERS = {
+    "index": "*i64", "scale": "*fp32", "weight": "*fp32", "W2": "*fp32", "b2": "*fp32", "W3": "*fp32",
+    "b3": "*fp32", "d_edges": "*fp32", "d_nodes": "*fp32", "d_table": "*fp32", "d_weights": "*fp32",
+    "d_biases": "*fp32",
+}  # fmt: skip
+
+
+def compiled(kernel: str, form: str, config: triton.Config, arch: int) -> dict[str, int]:
+    """One kernel in one form and config compiled for the architecture ``arch`` (bf16 blocks, fp32 weights):
+    its shared memory (bytes), registers per thread and bytes spilled per thread (``ptxas -v``)."""
+    jit = KERNELS[kernel].fn
+    N, K, *flags = FORMS[form]
+    constants = {"N": N, "H": 128, **config.kwargs, "DOT_DTYPE": tl.bfloat16}
+    constants.update(zip(("HAS_TABLE", "HAS_SCALE", "HAS_WEIGHT", "EDGE_OUT"), flags, strict=True))
+    types = {name: POINTERS.get(name, "*bf16") for name in jit.arg_names} | {"M": "i32", "K": "i32"}
+    signature = {name: "constexpr" if name in constants else types[name] for name in jit.arg_names}
+    aligned = {  # as a launch specialises: 16-byte aligned pointers, K a multiple of 16
+        (i,): [["tt.divisibility", 16]]
+        for i, name in enumerate(jit.arg_names)
+        if signature[name].startswith("*") or (name == "K" and K % 16 == 0)
+    }
+    target = GPUTarget("cuda", arch, 32)
+    options = {"num_warps": config.num_warps, "num_stages": config.num_stages}
+    binary = triton.compile(ASTSource(jit, signature, constants, aligned), target=target, options=options)
+    with tempfile.TemporaryDirectory() as folder:
+        ptx = Path(folder) / "kernel.ptx"
+        ptx.write_text(binary.asm["ptx"])
+        name = f"sm_{arch}a" if arch >= 90 else f"sm_{arch}"  # "a": the features Triton's code uses
+        out = ptx.with_suffix(".o")
+        command = [get_ptxas(arch).path, "-v", f"--gpu-name={name}", str(ptx), "-o", str(out)]
+        log = subprocess.run(command, capture_output=True, text=True, check=True).stderr
+    registers = re.search(r"Used (\d+) registers", log)
+    spilled = re.search(r"(\d+) bytes spill stores", log)
+    return {
+        "shared": binary.metadata.shared,
+        "registers": int(registers.group(1)) if registers else 0,
+        "spilled": int(spilled.group(1)) if spilled else 0,
+    }
+
+
+def compile_all(forms: list[str], arch: int, only: triton.Config | None = None) -> bool:
+    """Every kernel, form and autotuned config (or ``only`` that config) compiled for ``arch``, a line
+    each; whether all fit in its shared memory."""
+    fits = True
+    for kernel, autotuned in KERNELS.items():
+        for form in forms:
+            for config in autotuned.configs if only is None else [only]:
+                shape = f"BLOCK_M {config.kwargs['BLOCK_M']}, BLOCK_K {config.kwargs['BLOCK_K']}, "
+                shape += f"{config.num_warps} warps, {config.num_stages} stages"
+                stats = compiled(kernel, form, config, arch)
+                fits &= stats["shared"] <= 1024 * SHARED_MEMORY_KB.get(arch, 99)
+                print(f"{kernel:8s} {form:11s} {shape}: shared {stats['shared'] / 1024:.0f} KB, "
+                      f"{stats['registers']} registers, {stats['spilled']} bytes spilled",
+                      flush=True)  # fmt: skip
+    return fits
 
 
 def plain(form: str, edges, nodes, table, index, seen, W2, b2, W3, b3):  # noqa: ANN001
@@ -98,8 +181,24 @@ def main() -> None:
     parser.add_argument("--structures", type=int, default=128)
     parser.add_argument("--length", type=int, default=150)
     parser.add_argument("--neighbours", type=int, default=48)
+    parser.add_argument("--compile_only", action="store_true", help="Compile for --arch; no GPU needed.")
+    parser.add_argument("--arch", type=int, default=90, help="With --compile_only: sm_ARCH (90: H100, H200).")
+    parser.add_argument("--forms", nargs="+", choices=list(FORMS), default=list(FORMS))
+    parser.add_argument(
+        "--config",
+        metavar="M,K,WARPS,STAGES",
+        help="With --compile_only: this config alone (BLOCK_M, BLOCK_K, warps, stages).",
+    )
     args = parser.parse_args()
-    for form in ("decoder", "encoder", "edge update", "context"):
+    if args.compile_only:
+        only = None
+        if args.config:
+            m, k, warps, stages = (int(x) for x in args.config.split(","))
+            only = triton.Config({"BLOCK_M": m, "BLOCK_K": k}, num_warps=warps, num_stages=stages)
+        if not compile_all(args.forms, args.arch, only):
+            raise SystemExit(f"a kernel needs more shared memory than sm_{args.arch} has")
+        return
+    for form in args.forms:
         print(check(form, args.structures, args.length, args.neighbours, torch.device("cuda")), flush=True)
 
 

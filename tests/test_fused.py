@@ -1,13 +1,16 @@
-"""The fused message-MLP kernels against the plain layers they replace, on the CPU under Triton's interpreter.
+"""The fused message-MLP kernels against the plain layers they replace, on the CPU under Triton's interpreter;
+and compiled for a GPU by Triton's own compiler.
 
 The kernels run on CUDA GPUs; here `test_fused_kernels_under_the_interpreter` runs the other tests of this
-file in a process with TRITON_INTERPRET=1, where the layers take the fused path on the CPU.
+file in a process with TRITON_INTERPRET=1, where the layers take the fused path on the CPU, and
+`test_the_kernels_compile_for_an_h100_on_a_machine_without_one` builds them for sm_90 as a GPU would.
 """
 
 from __future__ import annotations
 
 import copy
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -36,11 +39,31 @@ STRUCTURES = Path(__file__).resolve().parents[1] / "data" / "structures"
 @pytest.mark.skipif(fused.INTERPRET, reason="this process is the interpreter's")
 def test_fused_kernels_under_the_interpreter():
     env = {**os.environ, "TRITON_INTERPRET": "1", "TRITON_DEFAULT_FP_FUSION": "1"}
-    others = ["-k", "not test_fused_kernels_under_the_interpreter"]
+    others = ["-k", "not test_fused_kernels_under_the_interpreter and not test_the_kernels_compile"]
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, *others]
     result = subprocess.run(command, env=env, capture_output=True, text=True, cwd=Path(__file__).parent)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
     assert "skipped" not in result.stdout.splitlines()[-1], result.stdout[-2000:]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(fused.triton is None, reason="Triton is not installed")
+@pytest.mark.skipif(fused.INTERPRET, reason="this process is the interpreter's")
+def test_the_kernels_compile_for_an_h100_on_a_machine_without_one():
+    """Triton's compiler and ptxas, not the interpreter, build both kernels for sm_90, as a GPU would at its
+    first step: the decoder's form (gathered neighbours scaled by visibility, two sequences) and the encoder's
+    edge update (per-edge messages through W3), within the shared memory a multiprocessor has."""
+    script = Path(__file__).resolve().parents[1] / "scripts" / "fused_check.py"
+    command = [sys.executable, str(script), "--compile_only", "--forms", "decoder", "edge update", "--config",
+               "1,16,8,2"]  # fmt: skip
+    env = {**os.environ, "TRITON_DEFAULT_FP_FUSION": "1"}
+    result = subprocess.run(command, capture_output=True, text=True, env=env)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    lines = result.stdout.splitlines()
+    assert [line.split()[0] for line in lines] == ["forward", "forward", "backward", "backward"], lines
+    for line in lines:
+        shared, registers = (int(x) for x in re.search(r"shared (\d+) KB, (\d+) registers", line).groups())
+        assert 0 < shared <= 227 and 0 < registers <= 255, line
 
 
 def relative(a: torch.Tensor, b: torch.Tensor) -> float:
