@@ -128,8 +128,8 @@ def fused_form(form: str, edges, nodes, table, index, seen, W2, b2, W3, b3):  # 
 
 def check(form: str, B: int, L: int, K: int, device: torch.device) -> str:
     """One form on random inputs of B structures of L residues: errors and timings, as a line."""
-    H, N, R = 128, 2 if form == "decoder" else 1, B * L
-    K = 25 if form == "context" else K
+    H, N, R = 128, FORMS[form][0], B * L
+    K = FORMS[form][1] if form == "context" else K  # a context layer's entries, not --neighbours
     generator = torch.Generator(device).manual_seed(0)
 
     def randn(*shape: int, scale: float = 1.0) -> torch.Tensor:
