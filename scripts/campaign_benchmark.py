@@ -60,6 +60,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from threadpoolctl import threadpool_limits
 
 from dpo_inv.campaign import acquisition, exploring
 from dpo_inv.campaign.acquisition import top_batch
@@ -306,16 +307,22 @@ def run_one(task: tuple[str, int, int, argparse.Namespace]) -> list[tuple[float,
     return campaign(method, seed, PROBLEMS[index], args)
 
 
+def one_thread() -> None:
+    """A worker's numerical libraries on one thread: ``--jobs`` processes, each with a BLAS thread per core,
+    would hold more threads than cores (12 times slower on two)."""
+    threadpool_limits(1)
+
+
 def run_methods(problems: list[Problem], args: argparse.Namespace, start: float) -> dict:
-    """Every method's campaigns on ``problems`` over the seeds (``args.jobs`` processes): per method, the
-    mean and standard error of each round's best fraction, top 1% found and (methods that predict) share
-    within the uncertainty."""
+    """Every method's campaigns on ``problems`` over the seeds (``args.jobs`` processes, one thread each):
+    per method, the mean and standard error of each round's best fraction, top 1% found and (methods that
+    predict) share within the uncertainty."""
     PROBLEMS[:] = problems
     tasks = [
         (m, seed, i, args) for m in args.methods for i in range(len(problems)) for seed in range(args.seeds)
     ]
     if args.jobs > 1:
-        with multiprocessing.get_context("fork").Pool(args.jobs) as pool:
+        with multiprocessing.get_context("fork").Pool(args.jobs, one_thread) as pool:
             runs_of = pool.map(run_one, tasks, chunksize=1)
     else:
         runs_of = [run_one(task) for task in tasks]
@@ -462,7 +469,9 @@ def arguments() -> argparse.Namespace:
         help="The predictor families dpo_inv chooses among by cross-validation on a library of few positions "
         "(default: propose's, ridge and alive).",
     )
-    parser.add_argument("--jobs", type=int, default=1, help="Campaigns run at once (processes).")
+    parser.add_argument(
+        "--jobs", type=int, default=1, help="Campaigns run at once (processes, one thread each)."
+    )
     args = parser.parse_args()
     if args.jobs < 1 or args.seeds < 1:
         parser.error("--jobs and --seeds: give a positive number")

@@ -571,7 +571,8 @@ def check_runs(out: dict, measured: list[int]) -> None:
 @pytest.mark.slow
 def test_the_campaign_benchmark_on_a_landscape_and_on_a_scan(tmp_path):
     """`scripts/campaign_benchmark.py` on a landscape in the layout of `../shared/campaign/trpb` (its 400
-    variants whose first two sites are the parent's) and on single-mutant records."""
+    variants whose first two sites are the parent's; the robustness settings' campaigns two at a time) and
+    on single-mutant records."""
     trpb = ROOT.parent / "shared" / "campaign" / "trpb"
     landscape = json.loads((trpb / "landscape.json").read_text())
     (tmp_path / "structures").mkdir()
@@ -589,7 +590,7 @@ def test_the_campaign_benchmark_on_a_landscape_and_on_a_scan(tmp_path):
     # robustness: two NK landscapes on the same sites, the zero-shot score mixed until its Spearman is 0.3
     command = [sys.executable, str(ROOT / "scripts" / "campaign_benchmark.py"), "--landscape", str(tmp_path),
                "--initial", "16", "--batch", "16", *common, "--synthetic", "1", "--synthetic_count", "2",
-               "--prior_spearman", "0.3", "--methods", "dpo_inv", "random"]  # fmt: skip
+               "--prior_spearman", "0.3", "--methods", "dpo_inv", "random", "--jobs", "2"]  # fmt: skip
     result = subprocess.run(command, capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stderr[-2000:]
     assert "2 proteins, 800 variants" in result.stdout and "Spearman with the values 0.300" in result.stdout
