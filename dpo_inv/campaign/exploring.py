@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-FAR_SHARE = 0.25  # of the batch: candidates FAR_DISTANCE or more substitutions from each of the FAR_OF best
+FAR_SHARE = 0.125  # of the batch: candidates FAR_DISTANCE or more substitutions from each of the FAR_OF best
 FAR_DISTANCE = 3
 FAR_OF = 10
 
