@@ -22,11 +22,11 @@ process (one model load). Both go through `load_records`: parsed once, then read
 cache in `work_dir`.
 
 Output: one JSON line per measurement: device, world size, batch size, mean residues per structure, padding,
-pairs/s, residues/s, matrix-multiply TFLOP/s, step-time percentiles, data-loading share of the step, peak
-memory (CUDA tensors, else process RSS), GPU utilisation, and what must hold: encoder passes per micro-batch
-of each model, structure parses during the steps. A length sweep ends with a line giving the exponent of
-step time and step memory in L (log-log slope; 1 = linear); `--find_max_length` gives the largest L that
-trains.
+pairs/s, residues/s, matrix-multiply TFLOP/s, operators per micro-batch, step-time percentiles, data-loading
+share of the step, peak memory (CUDA tensors, else process RSS), GPU utilisation, and what must hold: encoder
+passes per micro-batch of each model, structure parses during the steps. A length sweep ends with a line
+giving the exponent of step time and step memory in L (log-log slope; 1 = linear); `--find_max_length` gives
+the largest L that trains.
 """
 
 from __future__ import annotations
@@ -57,6 +57,7 @@ from accelerate.utils import set_seed
 from Bio.Data.PDBData import protein_letters_3to1
 from Bio.PDB import MMCIFIO
 from Bio.PDB.StructureBuilder import StructureBuilder
+from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.data import DataLoader, RandomSampler, Sampler
 from torch.utils.flop_counter import FlopCounterMode
 from trl import TrlParser
@@ -194,6 +195,29 @@ def count_encoder_passes_and_parses() -> None:
 
     ProteinMPNN.encode = counted_encode
     dpo_inv.data.featurized.read_model = counted_parse
+
+
+class OperatorCount(TorchDispatchMode):
+    """The ATen operators that compute (views and reshapes, which launch nothing on a GPU, left out), and
+    how many of them are casts to another dtype (what autocast adds)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.operators = self.casts = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+        kwargs = kwargs or {}
+        if not (func.is_view or func is torch.ops.aten._unsafe_view.default):
+            self.operators += 1
+            if func is torch.ops.aten._to_copy.default:
+                self.casts += kwargs.get("dtype", args[0].dtype) != args[0].dtype
+        return func(*args, **kwargs)
+
+
+def counted_step(step: Step, count: OperatorCount, batch: dict, ranks: torch.Tensor) -> tuple:
+    """`step` with its operators counted in `count`."""
+    with count:
+        return step(batch, ranks)
 
 
 # ---- the device: synchronisation, memory, utilisation ---------------------------------------------------
@@ -360,13 +384,19 @@ def measure(trainer: Trainer, data: RecordSet, batch_size: int, options: Options
     step_function = build_step(config, trainer.model, reference, accelerator)
     stream = epochs(train_loader(trainer, data, batch_size, options.length_grouping))
 
-    start, flops_per_residue = time.perf_counter(), None
+    start, flops_per_residue, operators = time.perf_counter(), None, None
     for step in range(options.warmup):
         epoch, batch = next(stream)
-        if step == 0 and not (config.torch_compile or config.cuda_graphs):  # matmul FLOPs, both passes
-            with FlopCounterMode(display=False) as flops:
-                micro_batch(trainer, step_function, batch, epoch)
+        if step == 0 and not (config.torch_compile or config.cuda_graphs):  # FLOPs and operators, both passes
+            passes, everything = OperatorCount(), OperatorCount()
+            with FlopCounterMode(display=False) as flops, everything:
+                micro_batch(trainer, partial(counted_step, step_function, passes), batch, epoch)
             flops_per_residue = flops.get_total_flops() / int(batch["length"].sum())
+            operators = {
+                "forward_and_backward": passes.operators,
+                "casts": passes.casts,
+                "metrics_clipping_optimizer": everything.operators - passes.operators,
+            }
         else:
             micro_batch(trainer, step_function, batch, epoch)
     if device.type == "cuda":
@@ -404,6 +434,7 @@ def measure(trainer: Trainer, data: RecordSet, batch_size: int, options: Options
             round(flops_per_residue * residues / total / 1e12, 4) if flops_per_residue else None
         ),
         "step_seconds": {f"p{q}": round(float(np.percentile(seconds, q)), 4) for q in (10, 50, 90, 99)},
+        "operators_per_step": operators,
         "data_loading_share": round(sum(load_seconds) / total, 4),
         "peak_memory_mb": round(peak_memory(device), 1),
         "memory_before_steps_mb": round(memory_before, 1),

@@ -194,14 +194,16 @@ class ProteinMPNN(PreTrainedModel):
         if noisy:
             X = X + self.config.augment_eps * torch.randn_like(X)
         E, E_idx = self.features(X, mask, residue_idx, chain_encoding)
+        h_E = self.W_e(E)
         if self.config.membrane:
             labels = (
                 mask.new_zeros(mask.shape, dtype=torch.long) if membrane_labels is None else membrane_labels
             )
             h_V = self.W_v(self.features.nodes(labels))
         else:
-            h_V = E.new_zeros(E.shape[0], E.shape[1], E.shape[-1])
-        h_E = self.W_e(E)
+            # requiring a gradient as the edges do, the zeros enter the first layer as every later layer's
+            # nodes do: torch.compile builds one graph for all the layers, not a second for the first
+            h_V = E.new_zeros(E.shape[0], E.shape[1], E.shape[-1]).requires_grad_(h_E.requires_grad)
         mask_attend = mask.unsqueeze(-1) * gather_neighbors(mask, E_idx)
         for layer in self.encoder_layers:
             h_V, h_E = layer(h_V, h_E, E_idx, mask, mask_attend)

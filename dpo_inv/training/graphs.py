@@ -1,7 +1,7 @@
 """CUDA graphs of the training step: the forward and backward of a micro-batch captured once per batch shape,
 then replayed, so that a small batch's step does not wait on the host launching its operators one by one (a
-batch-8 DPO step launches about 2,300). What is captured is the plain step, unchanged; `cuda_graphs` turns
-it on and `pad_to_multiple_of` makes shapes repeat."""
+batch-8 DPO step's forward and backward run about 1,000 in fp32, 1,400 in bf16). What is captured is the
+plain step, unchanged; `cuda_graphs` turns it on and `pad_to_multiple_of` makes shapes repeat."""
 
 from __future__ import annotations
 
