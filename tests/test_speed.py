@@ -28,6 +28,7 @@ import dpo_inv.structures.parse
 from dpo_inv.data.batches import REFERENCE_COLUMNS, ExampleDataset, LengthGroupedSampler, collate
 from dpo_inv.data.dataset import load_records
 from dpo_inv.errors import OptionError
+from dpo_inv.models.features import ProteinFeatures
 from dpo_inv.models.layers import DecLayer, EncLayer
 from dpo_inv.models.mpnn import ProteinMPNN
 from dpo_inv.models.weights import load_model
@@ -164,7 +165,9 @@ def test_dataloader_workers_give_the_same_batches_and_loss(data, policy, referen
 def test_torch_compile_matches_eager_when_the_batch_shape_changes(data, policy, reference, accelerator_for):
     """The trainer's regional compilation with dynamic shapes: loss and every gradient as eager, for batches
     whose size and length change as length-grouped batches do (a whole training run: test_train); one graph
-    for all the encoder layers and one for the decoder layers, compiled once for every shape."""
+    for all the encoder layers, one for the decoder layers and one for the features, compiled once for every
+    shape. (A first batch of 2, 3 or 4 structures would compile the features again for the next size: its
+    size then equals one of the coordinates' dimensions, and the graph takes them to be one size.)"""
     needs_program("g++")
     accelerator = accelerator_for(replace(CONFIG, torch_compile=True))
     compiled = accelerator.prepare(copy.deepcopy(policy))
@@ -172,7 +175,7 @@ def test_torch_compile_matches_eager_when_the_batch_shape_changes(data, policy, 
     assert isinstance(compiled.decoder_layers[0], torch._dynamo.eval_frame.OptimizedModule)
     eager = copy.deepcopy(policy)
     try:
-        for indices in ([8, 9, 10], [0, 1]):  # 3 pairs of 84 residues, then 2 of 85
+        for indices in ([8, 9, 10, 11, 12], [0, 1, 2, 3, 4, 5]):  # 5 pairs of 84 residues, then 6 of 85
             batch = batch_of(data, indices)
             results = []
             for model in (eager, compiled):
@@ -184,8 +187,8 @@ def test_torch_compile_matches_eager_when_the_batch_shape_changes(data, policy, 
             torch.testing.assert_close(compiled_loss, loss, rtol=1e-5, atol=1e-5)
             scale = gradient.abs().max().clamp(min=1.0)
             assert (compiled_gradient - gradient).abs().max() <= 1e-4 * scale
-        for layer in (EncLayer, DecLayer):
-            assert len(_debug_get_cache_entry_list(layer.forward)) == 1, f"{layer.__name__} recompiled"
+        for module in (EncLayer, DecLayer, ProteinFeatures):
+            assert len(_debug_get_cache_entry_list(module.forward)) == 1, f"{module.__name__} recompiled"
     finally:
         torch._dynamo.reset()
 

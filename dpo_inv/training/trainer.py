@@ -122,6 +122,7 @@ def build_accelerator(config: DPOConfig, **options: Any) -> tuple[Accelerator, s
     # values below float32's (and bf16's) least normal, 1.2e-38, computed as zero: x86 CPUs take about a
     # hundred times longer on them, and the per-edge gradients hold some (5% of a weight gradient's inputs in
     # the compiled step). Threads started from here on inherit it: from the command line, all of torch's
+    # threads; in a notebook that computed before, only the main thread (docs/benchmarks.md)
     torch.set_flush_denormal(True)
     device_type, backend = device_backend(config.backend) if launch.world_size > 1 else (None, None)
     try:
