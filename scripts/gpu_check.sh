@@ -37,14 +37,14 @@
 #   WORK        generated data and the parsed-structure cache (default $TMPDIR/gpu_check_work)
 #   PYTHON      default .venv/bin/python if present, else python3
 #
-# A machine without trl, datasets, dill, multiprocess and biopython (the GPU machines lent to this project):
-# carry a folder .whl/ of their wheels (cp312 manylinux; git-ignored via .git/info/exclude) and this script
-# first runs
+# A machine without trl, datasets, dill, multiprocess and biopython, and without PyPI: `bash
+# scripts/gpu_carry.sh` beforehand writes .whl/ (their wheels, cp312 manylinux), .weights/ and .gpu_data/
+# (git-ignored); copied along with the repository, this script then first runs
 #     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 #     export PYTHONPATH=/tmp/site:$PWD
-# (only when .whl/ exists and those packages do not import; on a normal machine with the package installed
-# nothing is needed). The device call, carrying .whl, .weights and .gpu_data:
-#     bash scripts/gpu_check.sh
+# (only when .whl/ exists and those packages do not import; on a machine with the package installed nothing
+# is needed); it takes .weights/v_48_020.pt as the model, and .gpu_data/data/train.jsonl as the pairs where
+# ../shared is absent.
 set -u
 cd "$(dirname "$0")/.."
 START=$SECONDS

@@ -3,6 +3,7 @@ real measurements (stability of a small domain), and its bad input."""
 
 import itertools
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -311,6 +312,46 @@ def test_propose_from_python_with_a_model_object(tmp_path, model):
     scores = [float(line.split(",")[5]) for line in lines[1:]]
     assert scores == sorted(scores, reverse=True)
     assert json.loads((tmp_path / "c" / "campaign.json").read_text())["max_mutations"] == 2
+
+
+def test_a_call_reuses_the_zero_shot_scores_kept_by_the_one_before(tmp_path, model, monkeypatch):
+    """The first call keeps its candidates' zero-shot scores in the folder; the next reads them instead of
+    computing them again and proposes what it proposes with them computed; other weights under the same
+    model name, or a damaged file, compute them again."""
+    import dpo_inv
+    from dpo_inv.campaign import scoring
+
+    space = {"positions": "A:8,37", "allowed_aas": "AVILMFWY", "max_mutations": 2}
+    dpo_inv.propose(
+        tmp_path / "c", model, structure=str(STRUCTURE), chain_id=["A"], num_proposals=10, **space
+    )
+    kept = np.load(tmp_path / "c" / "zero_shot.npz")
+    assert len(kept["scores"]) == 8 + 7 + 8 * 7 and kept["tokens"].shape == (71, 2)
+    lines = (tmp_path / "c" / "round_1" / "proposals.csv").read_text().splitlines()[1:]
+    rows = [line.split(",") for line in lines]  # a value from the mutations: the more of them, the better
+    measured = "".join(f"{row[1]},{len(row[1])}\n" for row in rows)
+    (tmp_path / "c" / "round_1" / "measurements.csv").write_text("mutations,value\n" + measured)
+    for copy in ("computed", "other_model", "damaged"):
+        shutil.copytree(tmp_path / "c", tmp_path / copy)
+    (tmp_path / "computed" / "zero_shot.npz").unlink()
+    (tmp_path / "damaged" / "zero_shot.npz").write_bytes(b"PK\x03\x04 cut short")
+
+    computed = []
+    original = scoring.zero_shot
+    monkeypatch.setattr(
+        scoring, "zero_shot", lambda m, e, s, v, *a: computed.append(len(v)) or original(m, e, s, v, *a)
+    )
+    dpo_inv.propose(tmp_path / "c", model)
+    assert computed == []
+    for folder in ("computed", "damaged"):
+        dpo_inv.propose(tmp_path / folder, model)
+        assert computed.pop() == 71
+        proposals = (tmp_path / folder / "round_2" / "proposals.csv").read_text()
+        assert proposals == (tmp_path / "c" / "round_2" / "proposals.csv").read_text()
+    retrained = load_model("vanilla/v_48_010").eval()  # other weights under the campaign's model's name
+    retrained.config.name_or_path = model.config.name_or_path
+    dpo_inv.propose(tmp_path / "other_model", retrained)
+    assert computed == [71]
 
 
 def test_nearness_carries_a_measured_region_to_positions_never_measured():

@@ -166,8 +166,8 @@ def test_torch_compile_matches_eager_when_the_batch_shape_changes(data, policy, 
     """The trainer's regional compilation with dynamic shapes: loss and every gradient as eager, for batches
     whose size and length change as length-grouped batches do (a whole training run: test_train); one graph
     for all the encoder layers, one for the decoder layers and one for the features, compiled once for every
-    shape. (A first batch of 2, 3 or 4 structures would compile the features again for the next size: its
-    size then equals one of the coordinates' dimensions, and the graph takes them to be one size.)"""
+    shape. (A first batch of 3 or 4 structures would compile the features again for the next size: the graph
+    takes the batch's size to be that of the coordinates' dimension of 3 or of the 4 backbone atoms.)"""
     needs_program("g++")
     accelerator = accelerator_for(replace(CONFIG, torch_compile=True))
     compiled = accelerator.prepare(copy.deepcopy(policy))

@@ -8,6 +8,7 @@
     DIR/round_N/measurements.csv    what came back
     DIR/best.csv                    the best variants measured so far
     DIR/campaign.png                the picture
+    DIR/zero_shot.npz               the candidates' zero-shot scores, kept for the next call
 
 A round is staged in DIR/.round_N.tmp and renamed into place whole.
 """
@@ -18,10 +19,13 @@ import contextlib
 import csv
 import json
 import shutil
+import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from dpo_inv.campaign.config import ProposeConfig
 from dpo_inv.data.measurements import Measurement, read_measurements
@@ -32,6 +36,7 @@ from dpo_inv.training.output_lock import LOCK_FILE, lock_folder
 SETTINGS = "campaign.json"
 MEASUREMENTS = "measurements.csv"
 PROPOSALS = "proposals.csv"
+ZERO_SHOT = "zero_shot.npz"
 
 
 @dataclass(frozen=True)
@@ -141,6 +146,33 @@ class CampaignFolder:
             shutil.copyfile(before, self.measurements_file(0))
         (self.path / f".round_{n}.tmp").replace(self.round_dir(n))
         return self.round_dir(n)
+
+    def read_zero_shot(self, fingerprint: str, parent: np.ndarray) -> dict[bytes, float]:
+        """The zero-shot scores a call kept (`keep_zero_shot`), by variant key, where the models, structure
+        and space that computed them are those of ``fingerprint``; else none."""
+        path = self.path / ZERO_SHOT
+        try:
+            with np.load(path) as kept:
+                if str(kept["fingerprint"]) != fingerprint:
+                    return {}
+                variants = np.repeat(parent[None].astype(np.uint8), len(kept["scores"]), 0)
+                variants[:, kept["columns"]] = kept["tokens"]
+                scores = kept["scores"].tolist()
+        except (OSError, ValueError, KeyError, IndexError, zipfile.BadZipFile):  # none or damaged: computed
+            return {}
+        return dict(zip((row.tobytes() for row in variants), scores, strict=True))
+
+    def keep_zero_shot(self, fingerprint: str, parent: np.ndarray, scores: dict[bytes, float]) -> None:
+        """Keep ``scores`` (by variant key: `variant_key` of a variant of ``parent``) for the next call, as
+        the tokens of the columns where any variant differs from the parent."""
+        variants = np.frombuffer(b"".join(scores), dtype=np.uint8).reshape(len(scores), len(parent))
+        columns = np.flatnonzero((variants != parent).any(0))
+        values = np.fromiter(scores.values(), np.float64, len(scores))
+        tmp = self.path / f".{ZERO_SHOT}.tmp"
+        with tmp.open("wb") as handle:
+            np.savez(handle, fingerprint=np.array(fingerprint), columns=columns, tokens=variants[:, columns],
+                     scores=values)  # fmt: skip
+        tmp.replace(self.path / ZERO_SHOT)
 
     def write_summary(self, n: int, summary: dict[str, Any]) -> None:
         write_json(self.round_dir(n) / "summary.json", summary)

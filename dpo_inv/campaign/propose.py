@@ -177,6 +177,9 @@ def propose_round(config: ProposeConfig, models: list[ProteinMPNN] | None = None
                               included_variants(space, config, history, candidates))  # fmt: skip
         settings = RoundSettings(config.num_proposals, config.acquisition, config.members, config.adapt,
                                  config.seed)  # fmt: skip
+        fingerprint = scorer.fingerprint()
+        scorer.known.update(folder.read_zero_shot(fingerprint, space.parent))
+        kept = len(scorer.known)
         batch = next_batch(state, scorer, settings)
         for line in history.warnings:
             print(f"propose: warning: {line}", file=sys.stderr, flush=True)
@@ -184,6 +187,8 @@ def propose_round(config: ProposeConfig, models: list[ProteinMPNN] | None = None
         write_proposals(folder.stage(n), n, space, batch, config.lower_is_better)
         saved = {name: getattr(config, name) for name in (*DESIGN_FIELDS, *ROUND_FIELDS)}
         out = folder.commit(n, saved, config.measurements)
+        if len(scorer.known) > kept:
+            folder.keep_zero_shot(fingerprint, space.parent, scorer.known)
         summary = round_summary(folder, config, space, measured, history, batch, n, out)
         folder.write_best(history.best(space, config.lower_is_better))
         summary["best_file"] = str(folder.best_file)

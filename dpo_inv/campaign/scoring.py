@@ -4,6 +4,7 @@ adapts, the adapted model's."""
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -51,6 +52,20 @@ class ModelScorer:
             self.known.update(zip(keys[missing], scores.tolist(), strict=True))
         return np.array([self.known[k] for k in keys], dtype=np.float64)
 
+    def fingerprint(self) -> str:
+        """What the zero-shot scores depend on, hashed: each model's settings and weights, the structure's
+        inputs, the parent and the orders (not the device: its rounding is far below the scores' use)."""
+        digest = hashlib.sha256(f"{self.orders} {self.space.positions.tolist()}".encode())
+        for model in self.models:
+            settings = {k: v for k, v in model.config.to_dict().items() if k not in UNSCORED_SETTINGS}
+            digest.update(repr(sorted(settings.items())).encode())
+            for name, tensor in model.state_dict().items():
+                digest.update(name.encode() + as_bytes(tensor))
+        for name in sorted(self.example):
+            digest.update(name.encode() + as_bytes(self.example[name]))
+        digest.update(as_bytes(self.space.parent))
+        return digest.hexdigest()
+
     def adapt(self, measured: np.ndarray, values: np.ndarray, seed: int) -> Adapted:
         """`dpo-inv adapt` of the first model on the measured variants (higher values better)."""
         visible = np.asarray(self.example["native"][len(self.space.parent) :])
@@ -66,6 +81,19 @@ class ModelScorer:
         return zero_shot(
             adapted.model.eval(), self.example, self.space, variants, self.device, ADAPTED_ORDERS
         )
+
+
+# a model's settings that name where it came from, not what it computes
+UNSCORED_SETTINGS = {"_name_or_path", "name_or_path", "transformers_version", "merged_adapters"}
+
+
+def as_bytes(value: Any) -> bytes:
+    """A tensor's or an array's bytes (any dtype), or another value's repr."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+    if isinstance(value, np.ndarray):
+        return np.ascontiguousarray(value).tobytes()
+    return repr(value).encode()
 
 
 def example_ca(example: dict[str, Any], length: int) -> np.ndarray:
