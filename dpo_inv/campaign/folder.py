@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from dpo_inv.campaign.config import ProposeConfig
+from dpo_inv.data.design import variant_keys
 from dpo_inv.data.measurements import Measurement, read_measurements
 from dpo_inv.data.records import write_json, write_text
 from dpo_inv.errors import MeasurementError, OptionError
@@ -160,7 +161,7 @@ class CampaignFolder:
                 scores = kept["scores"].tolist()
         except (OSError, ValueError, KeyError, IndexError, zipfile.BadZipFile):  # none or damaged: computed
             return {}
-        return dict(zip((row.tobytes() for row in variants), scores, strict=True))
+        return dict(zip(variant_keys(variants), scores, strict=True))
 
     def keep_zero_shot(self, fingerprint: str, parent: np.ndarray, scores: dict[bytes, float]) -> None:
         """Keep ``scores`` (by variant key: `variant_key` of a variant of ``parent``) for the next call, as

@@ -19,6 +19,7 @@ from dpo_inv.models.sampling import sample_sequences
 from dpo_inv.models.variants import conditional_log_probs
 from dpo_inv.structures.parse import ALPHABET, AMINO_ACIDS
 from dpo_inv.tools.adapt import Adapted, AdaptOptions, choose_and_train, variant_set
+from dpo_inv.tools.ridge import model_fingerprint
 
 # the adapted model trains on and scores one order of a combination's mutated positions (four: 3.4x as long)
 ADAPTED_ORDERS = 1
@@ -58,9 +59,7 @@ class ModelScorer:
         digest = hashlib.sha256(f"{self.orders} {self.space.positions.tolist()}".encode())
         for model in self.models:
             settings = {k: v for k, v in model.config.to_dict().items() if k not in UNSCORED_SETTINGS}
-            digest.update(repr(sorted(settings.items())).encode())
-            for name, tensor in model.state_dict().items():
-                digest.update(name.encode() + as_bytes(tensor))
+            digest.update((repr(sorted(settings.items())) + model_fingerprint(model)).encode())
         for name in sorted(self.example):
             digest.update(name.encode() + as_bytes(self.example[name]))
         digest.update(as_bytes(self.space.parent))
