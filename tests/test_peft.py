@@ -134,7 +134,7 @@ LORA = (
     "--learning_rate",
     "3e-3",
     "--warmup_steps",
-    "0",
+    "1",
     "--logging_steps",
     "1",
     "--save_steps",

@@ -144,6 +144,9 @@ def test_resume_true_warmup_fraction_and_adam_settings(tmp_path):
     assert config_of("--resume_from_checkpoint", "false").resume_from_checkpoint is None
     config = config_of("--warmup_steps", "0.1", "--adam_beta2", "0.98")
     assert (config.warmup(200), DPOConfig(warmup_steps=7).warmup(200), DPOConfig().warmup(200)) == (20, 7, 20)
+    # 0 is no warm-up, as in Transformers: only an unset warmup_steps leaves it to warmup_ratio
+    assert config_of("--warmup_steps", "0").warmup(200) == 0
+    assert DPOConfig(warmup_steps=0, warmup_ratio=0.5).warmup(9) == 0
     with pytest.raises(OptionError, match="warmup_steps must be a whole number of steps, or below 1"):
         DPOConfig(warmup_steps=2.5)
     with pytest.raises(OptionError, match="adam_beta2 must be < 1"):

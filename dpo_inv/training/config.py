@@ -224,12 +224,14 @@ class DPOConfig(LoraOptions, DecodingOrderOptions):
     adam_beta1: float = field(default=0.9, **field_help("AdamW's beta1."))
     adam_beta2: float = field(default=0.999, **field_help("AdamW's beta2."))
     adam_epsilon: float = field(default=1e-8, **field_help("AdamW's epsilon."))
-    warmup_ratio: float = field(default=0.1, **field_help("Warm-up as a fraction of the optimizer steps."))
-    warmup_steps: float = field(
-        default=0,
+    warmup_ratio: float = field(
+        default=0.1, **field_help("Warm-up as a fraction of the optimizer steps, unless warmup_steps is set.")
+    )
+    warmup_steps: float | None = field(
+        default=None,
         **field_help(
-            "Warm-up steps; overrides warmup_ratio when > 0; below 1, a fraction of the optimizer steps "
-            "(as in Transformers)."
+            "Warm-up steps, or below 1 a fraction of the optimizer steps, as Transformers takes it; 0 for "
+            "none. Set, it replaces warmup_ratio."
         ),
     )
     per_device_train_batch_size: int = field(default=8, **field_help("Pairs per device per micro-batch."))
@@ -471,7 +473,7 @@ class DPOConfig(LoraOptions, DecodingOrderOptions):
             )
         if self.save_total_limit is not None and self.save_total_limit < 1:
             raise OptionError("save_total_limit must be at least 1 (or None: keep all)")
-        if self.warmup_steps >= 1 and self.warmup_steps != int(self.warmup_steps):
+        if self.warmup_steps is not None and self.warmup_steps >= 1 and self.warmup_steps % 1:
             raise OptionError(
                 f"warmup_steps must be a whole number of steps, or below 1, got {self.warmup_steps}"
             )
@@ -609,10 +611,12 @@ class DPOConfig(LoraOptions, DecodingOrderOptions):
             raise OptionError("load_best_model_at_end needs evaluations: eval_strategy steps or epoch")
 
     def warmup(self, total_steps: int) -> int:
-        """Warm-up optimizer steps: warmup_steps, below 1 a fraction of ``total_steps``, else warmup_ratio."""
+        """Warm-up optimizer steps: warmup_steps (below 1, a fraction of `total_steps`), else warmup_ratio."""
+        if self.warmup_steps is None:
+            return math.ceil(self.warmup_ratio * total_steps)
         if self.warmup_steps >= 1:
             return int(self.warmup_steps)
-        return math.ceil((self.warmup_steps or self.warmup_ratio) * total_steps)
+        return math.ceil(self.warmup_steps * total_steps)
 
     def resolve_metric_for_best_model(self) -> None:
         """Fill in the defaults of metric_for_best_model and greater_is_better (Transformers' rules) and
