@@ -186,7 +186,7 @@ def test_torch_compile_trains_as_eager_and_saves_plain_models(tmp_path):
     compiler's wrappers in their parameter names. Compiled kernels fuse and round differently from the
     eager reference (log-probs about 3e-6 relative apart), and in some runs the reference's first forward
     after a cold compile computes the neighbour distances of the rows of the second thread up to 3e-4
-    apart (at batch 5, in 2 of 7 runs: a first loss 1.9e-4 off ln 2), so the first step's loss is ln 2
+    apart (at batch 5, about one run in four: a first loss 1.9e-4 off ln 2), so the first step's loss is ln 2
     only to about 1e-4 relative here (once 3.2e-5 off).
     One update (the first step warms up from 0): Adam moves a weight whose gradient is near its epsilon by
     an amount that the last digits of that gradient decide, and a second update shows it."""
