@@ -166,9 +166,12 @@ def test_torch_compile_matches_eager_when_the_batch_shape_changes(data, policy, 
     """The trainer's regional compilation with dynamic shapes: loss and every gradient as eager, for batches
     whose size and length change as length-grouped batches do (a whole training run: test_train); one graph
     for all the encoder layers, one for the decoder layers and one for the features, compiled once for every
-    shape. (A first batch of 3 or 4 structures would compile the features again for the next size: the graph
-    takes the batch's size to be that of the coordinates' dimension of 3 or of the 4 backbone atoms.)"""
+    shape, each traced once (the layers' float constants specialised: as symbolic floats Dynamo would trace
+    every region a second time). (A first batch of 3 or 4 structures would compile the features again for
+    the next size: the graph takes the batch's size to be that of the coordinates' dimension of 3 or of the
+    4 backbone atoms.)"""
     needs_program("g++")
+    torch._dynamo.utils.compilation_time_metrics.clear()
     accelerator = accelerator_for(replace(CONFIG, torch_compile=True))
     compiled = accelerator.prepare(copy.deepcopy(policy))
     assert isinstance(compiled.encoder_layers[0], torch._dynamo.eval_frame.OptimizedModule)
@@ -189,6 +192,8 @@ def test_torch_compile_matches_eager_when_the_batch_shape_changes(data, policy, 
             assert (compiled_gradient - gradient).abs().max() <= 1e-4 * scale
         for module in (EncLayer, DecLayer, ProteinFeatures):
             assert len(_debug_get_cache_entry_list(module.forward)) == 1, f"{module.__name__} recompiled"
+        traced = torch._dynamo.utils.compilation_time_metrics
+        assert "compile_attempt_1" not in traced, "a region was traced twice"
     finally:
         torch._dynamo.reset()
 

@@ -162,22 +162,23 @@ class _Inputs:
 
 @functools.cache
 def _num_programs(device: torch.device) -> int:
-    """Programs of the backward kernel: a few per multiprocessor, each summing its weight gradients."""
+    """Programs of the backward kernel: a few per multiprocessor, each summing its weight gradients; two
+    under the interpreter."""
     if device.type != "cuda":
-        return 4
+        return 2
     return 2 * torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def _configs(*shapes: tuple[int, int, int, int]) -> list:
-    """Autotuned launch settings: (nodes per program, edges per node at a time, warps, pipeline stages);
-    under the interpreter the one of the largest tiles alone: the fewest programs to interpret."""
-    configs = [
+    """Autotuned launch settings: (nodes per program, edges per node at a time, warps, pipeline stages).
+    Under the interpreter, which runs each operation of a program in Python, one tile of 64 nodes: few
+    programs to interpret, and still loops over edges 16 at a time and (backward) over several tiles."""
+    if INTERPRET:
+        shapes = ((64, 16, 4, 1),)
+    return [
         triton.Config({"BLOCK_M": m, "BLOCK_K": k}, num_warps=warps, num_stages=stages)
         for m, k, warps, stages in shapes
     ]
-    if INTERPRET:
-        return [max(configs, key=lambda c: (c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_K"], c.kwargs["BLOCK_K"]))]
-    return configs
 
 
 # each kernel is tuned once per form (flags, sequences per structure, neighbours) and dtype

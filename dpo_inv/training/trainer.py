@@ -124,6 +124,10 @@ def build_accelerator(config: DPOConfig, **options: Any) -> tuple[Accelerator, s
     # the compiled step). Threads started from here on inherit it: from the command line, all of torch's
     # threads; in a notebook that computed before, only the main thread (docs/benchmarks.md)
     torch.set_flush_denormal(True)
+    if config.torch_compile:
+        # the layers' floats (dropout rates, layer-norm eps, the message scale) are constants: traced with
+        # dynamic shapes as symbolic floats, they fail to become tensors and Dynamo traces each region twice
+        torch._dynamo.config.specialize_float = True
     device_type, backend = device_backend(config.backend) if launch.world_size > 1 else (None, None)
     try:
         with threads_kept(threads):
