@@ -9,10 +9,11 @@ on any machine, what each compiles to for a GPU.
 For each form the layers use it prints the relative error of the fused forward and gradients against the
 plain PyTorch computation in fp32, and the time of forward + backward of each path (CUDA events, median).
 With `--compile_only` it compiles each kernel with Triton's compiler and the `ptxas` Triton ships, for the
-GPU architecture `--arch` (90: Hopper), as the layers launch it under bf16 autocast (per-edge blocks in bf16,
-weights in fp32, 48 neighbours; LigandMPNN's context layers 25), and prints per config the shared memory,
-the registers per thread and the bytes spilled to local memory per thread: a kernel that does not compile,
-or needs more shared memory than a multiprocessor has (227 KB on sm_90), fails there before a GPU is used.
+GPU architecture `--arch` (90: Hopper), as the layers launch it under bf16 autocast (per-edge blocks and
+weight matrices in bf16, 48 neighbours; LigandMPNN's context layers 25), and prints per config the shared
+memory, the registers per thread and the bytes spilled to local memory per thread: a kernel that does not
+compile, or needs more shared memory than a multiprocessor has (227 KB on sm_90), fails there before a GPU
+is used.
 """
 
 from __future__ import annotations
@@ -46,14 +47,14 @@ FORMS = {
 KERNELS = {"forward": fused._forward_kernel, "backward": fused._backward_kernel}
 SHARED_MEMORY_KB = {90: 227, 80: 163, 89: 99}  # the most one block may use, by architecture
 POINTERS = {
-    "index": "*i64", "scale": "*fp32", "weight": "*fp32", "W2": "*fp32", "b2": "*fp32", "W3": "*fp32",
+    "index": "*i64", "scale": "*fp32", "weight": "*fp32", "W2": "*bf16", "b2": "*fp32", "W3": "*bf16",
     "b3": "*fp32", "d_edges": "*fp32", "d_nodes": "*fp32", "d_table": "*fp32", "d_weights": "*fp32",
     "d_biases": "*fp32",
 }  # fmt: skip
 
 
 def compiled(kernel: str, form: str, config: triton.Config, arch: int) -> dict[str, int]:
-    """One kernel in one form and config compiled for the architecture ``arch`` (bf16 blocks, fp32 weights):
+    """One kernel in one form and config compiled for the architecture ``arch`` (bf16 blocks and weights):
     its shared memory (bytes), registers per thread and bytes spilled per thread (``ptxas -v``)."""
     jit = KERNELS[kernel].fn
     N, K, *flags = FORMS[form]

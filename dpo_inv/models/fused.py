@@ -74,10 +74,19 @@ def edge_messages(
     return _MessageMLP.apply(edges, nodes[:, None], table[:, None], index, None, None, W2, b2, W3, b3)
 
 
-def _dot_dtype(dtype: torch.dtype) -> tl.dtype:
+def _dot_dtype(dtype: torch.dtype) -> torch.dtype:
     """Matrix products in bf16 or fp16 where the blocks are, else fp32 (also under the interpreter, whose
-    half-precision products are wrong)."""
-    return _TL_DTYPE[dtype if dtype in (torch.bfloat16, torch.float16) and not INTERPRET else torch.float32]
+    half-precision products are wrong). The kernels take the weights in this dtype, as autocast's linear
+    maps round them."""
+    return dtype if dtype in (torch.bfloat16, torch.float16) and not INTERPRET else torch.float32
+
+
+def _weights(
+    dtype: torch.dtype, W2: Tensor, b2: Tensor, W3: Tensor | None, b3: Tensor | None
+) -> list[Tensor]:
+    """The kernels' ``W2, b2, W3, b3``: the matrices in the products' dtype, stand-ins for ``W3, b3`` None."""
+    W2 = W2.to(dtype)
+    return [W2, b2, W2 if W3 is None else W3.to(dtype), b2 if b3 is None else b3]
 
 
 class _MessageMLP(torch.autograd.Function):
@@ -92,9 +101,10 @@ class _MessageMLP(torch.autograd.Function):
         N = nodes.shape[1]
         out_shape = (R, N, H) if W3 is None else (R, K, H)
         out = torch.empty(out_shape, device=edges.device, dtype=edges.dtype)
+        dot = _dot_dtype(edges.dtype)
         _forward_kernel[lambda meta: (triton.cdiv(R * N, meta["BLOCK_M"]),)](
-            *inputs.pointers(), W2, b2, W3 if W3 is not None else W2, b3 if b3 is not None else b2, out,
-            R * N, K, N=N, H=H, **inputs.flags(), EDGE_OUT=W3 is not None, DOT_DTYPE=_dot_dtype(edges.dtype),
+            *inputs.pointers(), *_weights(dot, W2, b2, W3, b3), out,
+            R * N, K, N=N, H=H, **inputs.flags(), EDGE_OUT=W3 is not None, DOT_DTYPE=_TL_DTYPE[dot],
         )  # fmt: skip
         return out
 
@@ -114,10 +124,11 @@ class _MessageMLP(torch.autograd.Function):
         parts = 1 if W3 is None else 2
         d_weights = torch.empty(programs, parts, H, H, **f32)
         d_biases = torch.empty(programs, parts, H, **f32)
+        dot = _dot_dtype(edges.dtype)
         _backward_kernel[(programs,)](
-            *inputs.pointers(), W2, b2, W3 if W3 is not None else W2, b3 if b3 is not None else b2,
+            *inputs.pointers(), *_weights(dot, W2, b2, W3, b3),
             grad_out.contiguous(), d_edges, d_nodes, d_table, d_weights, d_biases,
-            R * N, K, N=N, H=H, **inputs.flags(), EDGE_OUT=W3 is not None, DOT_DTYPE=_dot_dtype(edges.dtype),
+            R * N, K, N=N, H=H, **inputs.flags(), EDGE_OUT=W3 is not None, DOT_DTYPE=_TL_DTYPE[dot],
         )  # fmt: skip
         d_weights, d_biases = d_weights.sum(0), d_biases.sum(0)
         edges_dtype, nodes_dtype, table_dtype = ctx.dtypes
@@ -202,12 +213,12 @@ if triton is not None:
         return tl.dot(a.to(DOT_DTYPE), b.to(DOT_DTYPE))
 
     @triton.jit
-    def _square(ptr, H: tl.constexpr, TRANSPOSE: tl.constexpr, DOT_DTYPE: tl.constexpr):
-        """An [H, H] matrix (transposed: ``out[i, o] = W[o, i]``) in the dtype of the products."""
+    def _square(ptr, H: tl.constexpr, TRANSPOSE: tl.constexpr):
+        """An [H, H] matrix (transposed: ``out[i, o] = W[o, i]``)."""
         h = tl.arange(0, H)
         if TRANSPOSE:
-            return tl.load(ptr + h[None, :] * H + h[:, None]).to(DOT_DTYPE)
-        return tl.load(ptr + h[:, None] * H + h[None, :]).to(DOT_DTYPE)
+            return tl.load(ptr + h[None, :] * H + h[:, None])
+        return tl.load(ptr + h[:, None] * H + h[None, :])
 
     @triton.jit
     def _pre(
@@ -257,9 +268,9 @@ if triton is not None:
         m0 = tl.program_id(0) * BLOCK_M
         m = m0 + tl.arange(0, BLOCK_M)
         h = tl.arange(0, H)
-        W2t = _square(W2, H, True, DOT_DTYPE)
+        W2t = _square(W2, H, True)
         if EDGE_OUT:
-            W3t = _square(W3, H, True, DOT_DTYPE)
+            W3t = _square(W3, H, True)
         bias2 = tl.load(b2 + h).to(tl.float32)
         if EDGE_OUT:
             bias3 = tl.load(b3 + h).to(tl.float32)
@@ -283,9 +294,11 @@ if triton is not None:
                      mask=(m < M)[:, None])  # fmt: skip
 
     @triton.autotune(
-        # per-thread spills on sm_90 (`scripts/fused_check.py --compile_only`): 0.1-0.6 KB for (1, 16, 8, 2),
-        # 1.0-4.4 KB for the others; (4, 16, 4, 2), which spilled 3.7-6.0 KB, is left out
-        _configs((4, 16, 8, 2), (2, 16, 4, 2), (1, 16, 8, 2), (2, 16, 8, 2), (2, 32, 8, 2), (8, 16, 8, 1)),
+        # per-thread spills on sm_90 (`scripts/fused_check.py --compile_only`): none for (1, 16, 8, 2);
+        # none for (1, 16, 8, 3), (2, 16, 8, 2) and (1, 32, 8, 2) but the edge update's 52-276 bytes;
+        # 0.1-1.5 KB for (4, 16, 8, 2) and (2, 32, 8, 2); tiles on 4 warps, and of 8 x 16 edges, spill
+        # 0.1-3.3 KB and are left out
+        _configs((1, 16, 8, 2), (1, 16, 8, 3), (2, 16, 8, 2), (1, 32, 8, 2), (4, 16, 8, 2), (2, 32, 8, 2)),
         key=_TUNED_BY,
         reset_to_zero=["d_edges", "d_table"],
     )
@@ -299,10 +312,10 @@ if triton is not None:
     ):  # fmt: skip
         pid = tl.program_id(0)
         h = tl.arange(0, H)
-        W2t = _square(W2, H, True, DOT_DTYPE)
-        W2n = _square(W2, H, False, DOT_DTYPE)
+        W2n = _square(W2, H, False)
+        W2t = _square(W2, H, True)
         if EDGE_OUT:
-            W3n = _square(W3, H, False, DOT_DTYPE)
+            W3t = _square(W3, H, True)
         bias2 = tl.load(b2 + h).to(tl.float32)
         d_W2 = tl.zeros([H, H], dtype=tl.float32)
         d_b2 = tl.zeros([H], dtype=tl.float32)
@@ -322,22 +335,27 @@ if triton is not None:
                     N, H, BLOCK_M, BLOCK_K, HAS_TABLE, HAS_SCALE, HAS_WEIGHT,
                 )  # fmt: skip
                 on = factor > 0
+                # products as weights x transposed edge rows ([H, H] x [H, rows]), so that on Hopper each
+                # runs as one warpgroup MMA with the weights read from shared memory, not held in registers
                 hidden1 = tl.reshape(_gelu(pre), [BLOCK_M * BLOCK_K, H])
-                z2 = _dot(hidden1, W2t, DOT_DTYPE) + bias2[None, :]
+                z2 = _dot(W2n, tl.trans(hidden1), DOT_DTYPE) + bias2[:, None]
                 if EDGE_OUT:
                     at_out = d_out + edge[:, :, None] * H + h[None, None, :]
                     d_message = tl.load(at_out, mask=valid[:, :, None], other=0.0).to(tl.float32)
-                    d_message = tl.reshape(d_message, [BLOCK_M * BLOCK_K, H])
+                    d_message = tl.trans(tl.reshape(d_message, [BLOCK_M * BLOCK_K, H]))
                     hidden2 = _gelu(z2)
-                    d_W3 += _dot(tl.trans(d_message), hidden2, DOT_DTYPE)
-                    d_b3 += tl.sum(d_message, axis=0)
-                    d_hidden2 = _dot(d_message, W3n, DOT_DTYPE)
+                    d_W3 += _dot(d_message, tl.trans(hidden2), DOT_DTYPE)
+                    d_b3 += tl.sum(d_message, axis=1)
+                    d_hidden2 = _dot(W3t, d_message, DOT_DTYPE)
                 else:
-                    d_hidden2 = tl.reshape(d_sum[:, None, :] * factor[:, :, None], [BLOCK_M * BLOCK_K, H])
-                d_z2 = d_hidden2 * _gelu_grad(z2)
-                d_W2 += _dot(tl.trans(d_z2), hidden1, DOT_DTYPE)
-                d_b2 += tl.sum(d_z2, axis=0)
-                d_pre = tl.reshape(_dot(d_z2, W2n, DOT_DTYPE), [BLOCK_M, BLOCK_K, H]) * _gelu_grad(pre)
+                    d_hidden2 = tl.trans(
+                        tl.reshape(d_sum[:, None, :] * factor[:, :, None], [BLOCK_M * BLOCK_K, H])
+                    )
+                d_z2 = d_hidden2 * _gelu_grad(z2)  # [H, rows], as z2
+                d_W2 += _dot(d_z2, hidden1, DOT_DTYPE)
+                d_b2 += tl.sum(d_z2, axis=1)
+                d_hidden1 = tl.trans(_dot(W2t, d_z2, DOT_DTYPE))
+                d_pre = tl.reshape(d_hidden1, [BLOCK_M, BLOCK_K, H]) * _gelu_grad(pre)
                 d_node += tl.sum(d_pre, axis=1)
                 if N == 1:
                     tl.store(d_edges + edge[:, :, None] * H + h[None, None, :], d_pre, mask=valid[:, :, None])
