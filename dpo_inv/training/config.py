@@ -295,8 +295,8 @@ class DPOConfig(LoraOptions, DecodingOrderOptions):
         **field_help(
             "With bf16 or fp16 on a CUDA GPU (Triton): each message MLP as one fused kernel that keeps "
             "no per-edge activation in memory (recomputed in the backward pass): peak memory down by "
-            "40-48 percent, steps 0-21 percent slower on an H100 (docs/benchmarks.md). Same numbers as "
-            "the plain layers; no effect in fp32 or on a CPU."
+            "40-48 percent on an H100 (docs/benchmarks.md; speed not yet measured for the present kernels). "
+            "Same numbers as the plain layers; no effect in fp32 or on a CPU."
         ),
     )
     cuda_graphs: bool = field(
