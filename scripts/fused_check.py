@@ -7,7 +7,8 @@ on any machine, what each compiles to for a GPU.
                                                    # config compiled for an H100/H200 (sm_90)
 
 For each form the layers use it prints the relative error of the fused forward and gradients against the
-plain PyTorch computation in fp32, and the time of forward + backward of each path (CUDA events, median).
+plain PyTorch computation in fp32, the time of forward + backward of each path (CUDA events, median) and the
+configs the autotuner chose.
 With `--compile_only` it compiles each kernel with Triton's compiler and the `ptxas` Triton ships, for the
 GPU architecture `--arch` (90: Hopper), as the layers launch it under bf16 autocast (per-edge blocks and
 weight matrices in bf16, 48 neighbours; LigandMPNN's context layers 25), and prints per config the shared
@@ -86,6 +87,13 @@ def compiled(kernel: str, form: str, config: triton.Config, arch: int) -> dict[s
     }
 
 
+def described(config: triton.Config) -> str:
+    return (
+        f"BLOCK_M {config.kwargs['BLOCK_M']}, BLOCK_K {config.kwargs['BLOCK_K']}, "
+        f"{config.num_warps} warps, {config.num_stages} stages"
+    )
+
+
 def compile_all(forms: list[str], arch: int, only: triton.Config | None = None) -> bool:
     """Every kernel, form and autotuned config (or ``only`` that config) compiled for ``arch``, a line
     each; whether all fit in its shared memory."""
@@ -93,8 +101,7 @@ def compile_all(forms: list[str], arch: int, only: triton.Config | None = None) 
     for kernel, autotuned in KERNELS.items():
         for form in forms:
             for config in autotuned.configs if only is None else [only]:
-                shape = f"BLOCK_M {config.kwargs['BLOCK_M']}, BLOCK_K {config.kwargs['BLOCK_K']}, "
-                shape += f"{config.num_warps} warps, {config.num_stages} stages"
+                shape = described(config)
                 stats = compiled(kernel, form, config, arch)
                 fits &= stats["shared"] <= 1024 * SHARED_MEMORY_KB.get(arch, 99)
                 print(f"{kernel:8s} {form:11s} {shape}: shared {stats['shared'] / 1024:.0f} KB, "
@@ -173,7 +180,9 @@ def check(form: str, B: int, L: int, K: int, device: torch.device) -> str:
     return (
         f"{form:12s} R={R} K={K} N={N}: bf16 relative error out {errors[0]:.1e}, gradients "
         f"{max(errors[1:]):.1e}; forward+backward plain (bf16 autocast) {plain_ms:.2f} ms, "
-        f"fused {fused_ms:.2f} ms ({plain_ms / fused_ms:.1f}x)"
+        f"fused {fused_ms:.2f} ms ({plain_ms / fused_ms:.2f}x); tuned: forward "
+        f"{described(fused._forward_kernel.best_config)}, "
+        f"backward {described(fused._backward_kernel.best_config)}"
     )
 
 

@@ -2,13 +2,16 @@
 # Device check on one GPU (H100/H200): DPO training-step speed with the fused message kernels off ("before",
 # the plain PyTorch layers) and on, side by side, in about 5 minutes; first, the CUDA graphs of the step
 # against the plain step (scripts/graphs_check.py: equality and speed, fp32 and bf16, batches 8 and 32; up
-# to 2 x 75 s more). Prints a table last: pairs/s, GPU busy share and peak memory for each configuration and
-# batch, fused off and on, and the speed-up.
+# to 2 x 75 s more), and the fused kernels against the plain computation, layer by layer
+# (scripts/fused_check.py: errors, times and the configs the autotuner chose; up to 120 s more). Prints a
+# table last: pairs/s, GPU busy share and peak memory for each configuration and batch, fused off and on,
+# and the speed-up.
 #
 #     bash scripts/gpu_check.sh                    # the graphs, then the whole matrix
 #     SMOKE=1 bash scripts/gpu_check.sh            # tiny, on a CPU too: 1 step, batch 2, length 30, no compile
 #     MODES=on COMPILE=0 bash scripts/gpu_check.sh # only the fused kernels, no torch.compile run
-#     MATRIX=0 COMPILE=0 bash scripts/gpu_check.sh # the CUDA graphs alone (about 2 minutes)
+#     MATRIX=0 COMPILE=0 bash scripts/gpu_check.sh # the CUDA graphs and the fused kernels' layers alone
+#                                                  # (about 3 minutes)
 #
 # The matrix. Each of fp32 (--mixed_precision no) and bf16, without and with --precompute_ref_log_probs, is
 # one scripts/benchmark.py process per mode (one model load): the pairs file at batches 8 and 32, then
@@ -29,6 +32,7 @@
 #   PRECOMPUTE ("false true")  NUM_PAIRS (1024)  COMPILE (1; 0: no compiled run)  COMPILE_BATCH (32)
 #   COMPILE_MODES ("off": the compiled run with the fused kernels off)  MATRIX (1; 0: no matrix)
 #   GRAPHS (1; 0: no CUDA-graph check)  GRAPHS_BATCHES ("8 32")  GRAPHS_TIMEOUT (75 s per precision)
+#   FUSED (1; 0: no fused_check.py)  FUSED_TIMEOUT (120 s)
 #   RUN_TIMEOUT (75 s per process)  COMPILE_TIMEOUT (150 s per compiled process)  BUDGET_S (330 s for the
 #               whole script: a process is stopped at the deadline, those after it are skipped; the compiled
 #               runs have 2 x 60 s kept for them and share what is left equally)
@@ -52,7 +56,7 @@ START=$SECONDS
 if [ -n "${SMOKE:-}" ]; then
     STEPS=${STEPS:-1} WARMUP=${WARMUP:-1} MIN_SECONDS=${MIN_SECONDS:-0} FILE_BATCHES=${FILE_BATCHES:-2}
     LENGTH=${LENGTH:-30} LENGTH_BATCHES=${LENGTH_BATCHES:-2} COMPILE=${COMPILE:-0} COMPILE_BATCH=${COMPILE_BATCH:-2}
-    NUM_PAIRS=${NUM_PAIRS:-8} GRAPHS=${GRAPHS:-0}
+    NUM_PAIRS=${NUM_PAIRS:-8} GRAPHS=${GRAPHS:-0} FUSED=${FUSED:-0}
 fi
 MODES=${MODES:-off on}
 STEPS=${STEPS:-10} WARMUP=${WARMUP:-3} MIN_SECONDS=${MIN_SECONDS:-1}
@@ -60,6 +64,7 @@ FILE_BATCHES=${FILE_BATCHES:-8 32} LENGTH=${LENGTH:-150} LENGTH_BATCHES=${LENGTH
 PRECISIONS=${PRECISIONS:-no bf16} PRECOMPUTE=${PRECOMPUTE:-false true} NUM_PAIRS=${NUM_PAIRS:-1024}
 COMPILE=${COMPILE:-1} COMPILE_BATCH=${COMPILE_BATCH:-32} COMPILE_MODES=${COMPILE_MODES:-off} MATRIX=${MATRIX:-1}
 GRAPHS=${GRAPHS:-1} GRAPHS_BATCHES=${GRAPHS_BATCHES:-8 32} GRAPHS_TIMEOUT=${GRAPHS_TIMEOUT:-75}
+FUSED=${FUSED:-1} FUSED_TIMEOUT=${FUSED_TIMEOUT:-120}
 RUN_TIMEOUT=${RUN_TIMEOUT:-75} COMPILE_TIMEOUT=${COMPILE_TIMEOUT:-150} BUDGET_S=${BUDGET_S:-330}
 OUT_DIR=${OUT:-outputs/gpu_check}
 WORK=${WORK:-${TMPDIR:-/tmp}/gpu_check_work}
@@ -86,7 +91,6 @@ export HF_DATASETS_OFFLINE=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHO
 mkdir -p "$OUT_DIR/logs" "$WORK"
 JSONL=$OUT_DIR/gpu_check.jsonl
 : >"$JSONL"
-DEADLINE=$((START + BUDGET_S))
 echo "gpu_check: train_file=$TRAIN_FILE model=${MODEL:-vanilla/v_48_020 (package)} modes=[$MODES]" \
     "steps=$STEPS warmup=$WARMUP min_seconds=$MIN_SECONDS budget=${BUDGET_S}s out=$JSONL"
 
@@ -169,8 +173,17 @@ if [ "$GRAPHS" = 1 ]; then
         cat "$OUT_DIR/logs/$name.out"
         [ -s "$OUT_DIR/logs/$name.out" ] || tail -n 6 "$OUT_DIR/logs/$name.log" | sed 's/^/    /'
     done
-    DEADLINE=$((SECONDS + BUDGET_S))
 fi
+# The fused kernels layer by layer: equality with the plain computation, times, tuned configs (outside BUDGET_S)
+if [ "$FUSED" = 1 ]; then
+    begin=$SECONDS
+    timeout --kill-after=10 "$FUSED_TIMEOUT" "$PYTHON" scripts/fused_check.py >"$OUT_DIR/logs/fused.out" \
+        2>"$OUT_DIR/logs/fused.log"
+    echo "[fused] rc $? in $((SECONDS - begin))s"
+    cat "$OUT_DIR/logs/fused.out"
+    [ -s "$OUT_DIR/logs/fused.out" ] || tail -n 6 "$OUT_DIR/logs/fused.log" | sed 's/^/    /'
+fi
+DEADLINE=$((SECONDS + BUDGET_S))
 
 compile_runs=0
 [ "$COMPILE" = 1 ] && compile_runs=$(echo $COMPILE_MODES | wc -w)
