@@ -88,6 +88,7 @@ def compiled(kernel: str, form: str, config: triton.Config, arch: int) -> dict[s
 
 
 def described(config: triton.Config) -> str:
+    """A config as the lines print it."""
     return (
         f"BLOCK_M {config.kwargs['BLOCK_M']}, BLOCK_K {config.kwargs['BLOCK_K']}, "
         f"{config.num_warps} warps, {config.num_stages} stages"

@@ -84,7 +84,8 @@ def _dot_dtype(dtype: torch.dtype) -> torch.dtype:
 def _weights(
     dtype: torch.dtype, W2: Tensor, b2: Tensor, W3: Tensor | None, b3: Tensor | None
 ) -> list[Tensor]:
-    """The kernels' ``W2, b2, W3, b3``: the matrices in the products' dtype, stand-ins for ``W3, b3`` None."""
+    """The kernels' ``W2, b2, W3, b3``: the matrices in the products' dtype, stand-ins for ``W3, b3`` None
+    (the kernels' ``EDGE_OUT`` off)."""
     W2 = W2.to(dtype)
     return [W2, b2, W2 if W3 is None else W3.to(dtype), b2 if b3 is None else b3]
 
@@ -95,15 +96,17 @@ class _MessageMLP(torch.autograd.Function):
     @staticmethod
     def forward(ctx, edges, nodes, table, index, scale, weight, W2, b2, W3, b3):  # noqa: ANN001
         inputs = _Inputs.of(edges, nodes, table, index, scale, weight)
-        ctx.save_for_backward(*inputs.tensors(), W2, b2, W3, b3)
+        dot = _dot_dtype(edges.dtype)
+        weights = _weights(dot, W2, b2, W3, b3)  # the backward kernel's too
+        ctx.save_for_backward(*inputs.tensors(), *weights)
         ctx.dtypes = (edges.dtype, nodes.dtype, None if table is None else table.dtype)
+        ctx.weight_dtypes = (W2.dtype, b2.dtype) + ((None, None) if W3 is None else (W3.dtype, b3.dtype))
         R, K, H = edges.shape
         N = nodes.shape[1]
         out_shape = (R, N, H) if W3 is None else (R, K, H)
         out = torch.empty(out_shape, device=edges.device, dtype=edges.dtype)
-        dot = _dot_dtype(edges.dtype)
         _forward_kernel[lambda meta: (triton.cdiv(R * N, meta["BLOCK_M"]),)](
-            *inputs.pointers(), *_weights(dot, W2, b2, W3, b3), out,
+            *inputs.pointers(), *weights, out,
             R * N, K, N=N, H=H, **inputs.flags(), EDGE_OUT=W3 is not None, DOT_DTYPE=_TL_DTYPE[dot],
         )  # fmt: skip
         return out
@@ -113,6 +116,8 @@ class _MessageMLP(torch.autograd.Function):
         *saved, W2, b2, W3, b3 = ctx.saved_tensors
         inputs = _Inputs(*saved)
         edges, nodes, table = inputs.edges, inputs.nodes, inputs.table
+        W2_dtype, b2_dtype, W3_dtype, b3_dtype = ctx.weight_dtypes
+        edge_out = W3_dtype is not None
         R, K, H = edges.shape
         N = nodes.shape[1]
         device = edges.device
@@ -121,22 +126,21 @@ class _MessageMLP(torch.autograd.Function):
         d_edges = (torch.empty if N == 1 else torch.zeros)(edges.shape, **f32)  # N > 1: summed over n
         d_nodes = torch.empty(nodes.shape, **f32)
         d_table = torch.zeros(table.shape, **f32) if table is not None else d_nodes
-        parts = 1 if W3 is None else 2
+        parts = 2 if edge_out else 1
         d_weights = torch.empty(programs, parts, H, H, **f32)
         d_biases = torch.empty(programs, parts, H, **f32)
-        dot = _dot_dtype(edges.dtype)
         _backward_kernel[(programs,)](
-            *inputs.pointers(), *_weights(dot, W2, b2, W3, b3),
+            *inputs.pointers(), W2, b2, W3, b3,
             grad_out.contiguous(), d_edges, d_nodes, d_table, d_weights, d_biases,
-            R * N, K, N=N, H=H, **inputs.flags(), EDGE_OUT=W3 is not None, DOT_DTYPE=_TL_DTYPE[dot],
+            R * N, K, N=N, H=H, **inputs.flags(), EDGE_OUT=edge_out, DOT_DTYPE=_TL_DTYPE[W2.dtype],
         )  # fmt: skip
         d_weights, d_biases = d_weights.sum(0), d_biases.sum(0)
         edges_dtype, nodes_dtype, table_dtype = ctx.dtypes
         d_table_out = None if table is None else d_table.to(table_dtype)
-        d_W3, d_b3 = (None, None) if W3 is None else (d_weights[1].to(W3.dtype), d_biases[1].to(b3.dtype))
+        d_W3, d_b3 = (d_weights[1].to(W3_dtype), d_biases[1].to(b3_dtype)) if edge_out else (None, None)
         return (
             d_edges.to(edges_dtype), d_nodes.to(nodes_dtype), d_table_out, None, None, None,
-            d_weights[0].to(W2.dtype), d_biases[0].to(b2.dtype), d_W3, d_b3,
+            d_weights[0].to(W2_dtype), d_biases[0].to(b2_dtype), d_W3, d_b3,
         )  # fmt: skip
 
 
