@@ -67,6 +67,23 @@ def needs_program(name: str) -> None:
         pytest.skip(f"no {name} on this machine: needs {PROGRAMS[name]}")
 
 
+# Under pytest-xdist (`make test` runs two workers) each worker computes on its share of the cores, and so do
+# the commands its tests start (OMP_NUM_THREADS, unless set): a run's threads, and so its sums, do not depend
+# on what the other worker was doing when it started; a command that asks for more threads (one whose numbers
+# a page quotes) lets a thread waiting for a core sleep instead of spinning
+def pytest_configure(config: pytest.Config) -> None:
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", 0))
+    if workers > 1:
+        os.environ.setdefault("OMP_NUM_THREADS", str(max(1, len(os.sched_getaffinity(0)) // workers)))
+        os.environ.setdefault("OMP_WAIT_POLICY", "passive")
+        torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The tour, the longest test, first: under xdist the other worker runs the rest beside it."""
+    items.sort(key=lambda item: item.path.name != "test_tour.py")
+
+
 # `make test-fast` (-m "not slow") fails when a test not marked slow runs longer: mark it, or speed it up
 UNMARKED_LIMIT_S = float(os.environ.get("UNMARKED_LIMIT_S", 10.0))  # lower in test_fast_suite's own runs
 too_slow: list[str] = []
