@@ -79,11 +79,6 @@ def pytest_configure(config: pytest.Config) -> None:
         torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The tour, the longest test, first: under xdist the other worker runs the rest beside it."""
-    items.sort(key=lambda item: item.path.name != "test_tour.py")
-
-
 # `make test-fast` (-m "not slow") fails when a test not marked slow runs longer: mark it, or speed it up
 UNMARKED_LIMIT_S = float(os.environ.get("UNMARKED_LIMIT_S", 10.0))  # lower in test_fast_suite's own runs
 too_slow: list[str] = []

@@ -383,5 +383,8 @@ def test_a_killed_rank_ends_the_whole_job_within_ddp_timeout(tmp_path, start, la
     ranks["1"].kill()
     assert job.wait(timeout=120) != 0
     assert time.monotonic() - killed < 60
-    assert str(ranks["1"].pid) in output_of(output)  # the launcher names the process that was killed
+    # the launcher names the process that was killed; MPICH names the first rank it finds ended by a signal,
+    # which is rank 0 where its own clean-up (SIGKILL to the job's other ranks) came first
+    named = [ranks["1"], ranks["0"]] if launcher in LAUNCHERS_ON_MPIEXEC else [ranks["1"]]
+    assert any(str(rank.pid) in output_of(output) for rank in named), output_of(output)[-2000:]
     assert not ranks["0"].is_running()
