@@ -71,7 +71,7 @@ def needs_program(name: str) -> None:
 # the commands its tests start (OMP_NUM_THREADS, unless set): a run's threads, and so its sums, do not depend
 # on what the other worker was doing when it started; a command that asks for more threads (one whose numbers
 # a page quotes) lets a thread waiting for a core sleep instead of spinning
-def pytest_configure(config: pytest.Config) -> None:
+def pytest_configure() -> None:
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", 0))
     if workers > 1:
         os.environ.setdefault("OMP_NUM_THREADS", str(max(1, len(os.sched_getaffinity(0)) // workers)))
