@@ -58,8 +58,10 @@ from Bio.Data.PDBData import protein_letters_3to1
 from Bio.PDB import MMCIFIO
 from Bio.PDB.StructureBuilder import StructureBuilder
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
 from torch.utils.data import DataLoader, RandomSampler, Sampler
 from torch.utils.flop_counter import FlopCounterMode
+from torch.utils.module_tracker import ModuleTracker
 from trl import TrlParser
 
 import dpo_inv.data.featurized
@@ -197,21 +199,54 @@ def count_encoder_passes_and_parses() -> None:
     dpo_inv.data.featurized.read_model = counted_parse
 
 
+REGIONS = {"features": ".features", "encoder": "encoder_layers.", "decoder": ".decoder_layers."}
+
+
 class OperatorCount(TorchDispatchMode):
-    """The ATen operators that compute (views and reshapes, which launch nothing on a GPU, left out), and
-    how many of them are casts to another dtype (what autocast adds)."""
+    """The ATen operators that compute (views and reshapes, which launch nothing on a GPU, left out), how
+    many of them are casts to another dtype (what autocast adds), and the bytes they move: each one's
+    tensor inputs read and outputs written, once each, by region of the model (the structure features
+    with their edge embedding, the encoder and decoder layers, the rest), forward and backward.
+
+    The bytes are what an unfused step moves to and from memory, operator by operator, cache left aside: a
+    gather counts its table and its output, an expanded input its distinct elements."""
 
     def __init__(self) -> None:
         super().__init__()
         self.operators = self.casts = 0
+        self.bytes: Counter[str] = Counter()
+        self.tracker = ModuleTracker()
+
+    def __enter__(self) -> OperatorCount:
+        self.tracker.__enter__()
+        return super().__enter__()
+
+    def __exit__(self, *exc) -> None:  # noqa: ANN002
+        super().__exit__(*exc)
+        self.tracker.__exit__(*exc)
+
+    def region(self) -> str:
+        parents = " ".join(self.tracker.parents)
+        name = next((region for region, key in REGIONS.items() if key in parents), "rest")
+        return f"{name}_{'backward' if self.tracker.is_bw else 'forward'}"
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
         kwargs = kwargs or {}
+        out = func(*args, **kwargs)
         if not (func.is_view or func is torch.ops.aten._unsafe_view.default):
             self.operators += 1
             if func is torch.ops.aten._to_copy.default:
                 self.casts += kwargs.get("dtype", args[0].dtype) != args[0].dtype
-        return func(*args, **kwargs)
+            inputs = {id(t): t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)}
+            outputs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
+            self.bytes[self.region()] += sum(map(stored_bytes, [*inputs.values(), *outputs]))
+        return out
+
+
+def stored_bytes(tensor: torch.Tensor) -> int:
+    """Bytes of the distinct elements of ``tensor`` (an expanded dimension, of stride 0, counts once)."""
+    distinct = math.prod(n for n, stride in zip(tensor.shape, tensor.stride(), strict=True) if stride)
+    return distinct * tensor.element_size()
 
 
 def counted_step(step: Step, count: OperatorCount, batch: dict, ranks: torch.Tensor) -> tuple:
@@ -384,7 +419,7 @@ def measure(trainer: Trainer, data: RecordSet, batch_size: int, options: Options
     step_function = build_step(config, trainer.model, reference, accelerator)
     stream = epochs(train_loader(trainer, data, batch_size, options.length_grouping))
 
-    start, flops_per_residue, operators = time.perf_counter(), None, None
+    start, flops_per_residue, operators, moved = time.perf_counter(), None, None, None
     for step in range(options.warmup):
         epoch, batch = next(stream)
         if step == 0 and not (config.torch_compile or config.cuda_graphs):  # FLOPs and operators, both passes
@@ -397,6 +432,12 @@ def measure(trainer: Trainer, data: RecordSet, batch_size: int, options: Options
                 "casts": passes.casts,
                 "metrics_clipping_optimizer": everything.operators - passes.operators,
             }
+            pairs_in_batch = len(batch["length"])
+            moved = {region: round(n / pairs_in_batch / 1e6, 1) for region, n in sorted(passes.bytes.items())}
+            moved["metrics_clipping_optimizer"] = round(
+                (everything.bytes.total() - passes.bytes.total()) / pairs_in_batch / 1e6, 1
+            )
+            moved["total"] = round(everything.bytes.total() / pairs_in_batch / 1e6, 1)
         else:
             micro_batch(trainer, step_function, batch, epoch)
     if device.type == "cuda":
@@ -435,6 +476,7 @@ def measure(trainer: Trainer, data: RecordSet, batch_size: int, options: Options
         ),
         "step_seconds": {f"p{q}": round(float(np.percentile(seconds, q)), 4) for q in (10, 50, 90, 99)},
         "operators_per_step": operators,
+        "megabytes_moved_per_pair": moved,
         "data_loading_share": round(sum(load_seconds) / total, 4),
         "peak_memory_mb": round(peak_memory(device), 1),
         "memory_before_steps_mb": round(memory_before, 1),

@@ -44,7 +44,6 @@ def available(x: Tensor) -> bool:
     return x.is_cuda and dtype in (torch.bfloat16, torch.float16)
 
 
-@torch.compiler.disable  # compiled layers call the kernels as they are
 def message_sum(
     edges: Tensor,
     nodes: Tensor,
@@ -62,16 +61,30 @@ def message_sum(
     ``scale`` and ``weight`` ``[R, K, N]`` (optional: 1). Returns ``[R, N, H]`` in ``edges``' dtype; matrix
     products run in ``edges``' dtype (bf16 under bf16 autocast), everything else in fp32.
     """
-    return _MessageMLP.apply(edges, nodes, table, index, scale, weight, W2, b2, None, None)
+    return message_mlp(*_blocks(edges, nodes, table, index, scale, weight), W2, b2, None, None)
 
 
-@torch.compiler.disable
 def edge_messages(
     edges: Tensor, nodes: Tensor, table: Tensor, index: Tensor, W2: Tensor, b2: Tensor, W3: Tensor, b3: Tensor
 ) -> Tensor:
     """``out[r, k] = W3 GELU(W2 GELU(pre[r, k]) + b2) + b3`` with ``pre[r, k] = edges[r, k] + nodes[r] +
     table[index[r, k]]``; ``edges [R, K, H]``, ``nodes [R, H]``, ``table [T, H]``, ``index [R, K]``."""
-    return _MessageMLP.apply(edges, nodes[:, None], table[:, None], index, None, None, W2, b2, W3, b3)
+    return message_mlp(*_blocks(edges, nodes[:, None], table[:, None], index, None, None), W2, b2, W3, b3)
+
+
+def _blocks(
+    edges: Tensor,
+    nodes: Tensor,
+    table: Tensor | None,
+    index: Tensor | None,
+    scale: Tensor | None,
+    weight: Tensor | None,
+) -> tuple[Tensor | None, ...]:
+    """The blocks of ``pre`` as the kernels read them: contiguous, the index in int64, scale and weight in
+    fp32."""
+    index = None if index is None else index.to(torch.int64)
+    scale, weight = (None if x is None else x.to(torch.float32) for x in (scale, weight))
+    return tuple(None if x is None else x.contiguous() for x in (edges, nodes, table, index, scale, weight))
 
 
 def _dot_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -90,89 +103,125 @@ def _weights(
     return [W2, b2, W2 if W3 is None else W3.to(dtype), b2 if b3 is None else b3]
 
 
-class _MessageMLP(torch.autograd.Function):
-    """Both kernels' forward and backward; ``W3`` None: the summed messages, else the per-edge ones."""
-
-    @staticmethod
-    def forward(ctx, edges, nodes, table, index, scale, weight, W2, b2, W3, b3):  # noqa: ANN001
-        inputs = _Inputs.of(edges, nodes, table, index, scale, weight)
-        dot = _dot_dtype(edges.dtype)
-        weights = _weights(dot, W2, b2, W3, b3)  # the backward kernel's too
-        ctx.save_for_backward(*inputs.tensors(), *weights)
-        ctx.dtypes = (edges.dtype, nodes.dtype, None if table is None else table.dtype)
-        ctx.weight_dtypes = (W2.dtype, b2.dtype) + ((None, None) if W3 is None else (W3.dtype, b3.dtype))
-        R, K, H = edges.shape
-        N = nodes.shape[1]
-        out_shape = (R, N, H) if W3 is None else (R, K, H)
-        out = torch.empty(out_shape, device=edges.device, dtype=edges.dtype)
-        _forward_kernel[lambda meta: (triton.cdiv(R * N, meta["BLOCK_M"]),)](
-            *inputs.pointers(), *weights, out,
-            R * N, K, N=N, H=H, **inputs.flags(), EDGE_OUT=W3 is not None, DOT_DTYPE=_TL_DTYPE[dot],
-        )  # fmt: skip
-        return out
-
-    @staticmethod
-    def backward(ctx, grad_out):  # noqa: ANN001
-        *saved, W2, b2, W3, b3 = ctx.saved_tensors
-        inputs = _Inputs(*saved)
-        edges, nodes, table = inputs.edges, inputs.nodes, inputs.table
-        W2_dtype, b2_dtype, W3_dtype, b3_dtype = ctx.weight_dtypes
-        edge_out = W3_dtype is not None
-        R, K, H = edges.shape
-        N = nodes.shape[1]
-        device = edges.device
-        programs = _num_programs(device)
-        f32 = {"device": device, "dtype": torch.float32}
-        d_edges = (torch.empty if N == 1 else torch.zeros)(edges.shape, **f32)  # N > 1: summed over n
-        d_nodes = torch.empty(nodes.shape, **f32)
-        d_table = torch.zeros(table.shape, **f32) if table is not None else d_nodes
-        parts = 2 if edge_out else 1
-        d_weights = torch.empty(programs, parts, H, H, **f32)
-        d_biases = torch.empty(programs, parts, H, **f32)
-        _backward_kernel[(programs,)](
-            *inputs.pointers(), W2, b2, W3, b3,
-            grad_out.contiguous(), d_edges, d_nodes, d_table, d_weights, d_biases,
-            R * N, K, N=N, H=H, **inputs.flags(), EDGE_OUT=edge_out, DOT_DTYPE=_TL_DTYPE[W2.dtype],
-        )  # fmt: skip
-        d_weights, d_biases = d_weights.sum(0), d_biases.sum(0)
-        edges_dtype, nodes_dtype, table_dtype = ctx.dtypes
-        d_table_out = None if table is None else d_table.to(table_dtype)
-        d_W3, d_b3 = (d_weights[1].to(W3_dtype), d_biases[1].to(b3_dtype)) if edge_out else (None, None)
-        return (
-            d_edges.to(edges_dtype), d_nodes.to(nodes_dtype), d_table_out, None, None, None,
-            d_weights[0].to(W2_dtype), d_biases[0].to(b2_dtype), d_W3, d_b3,
-        )  # fmt: skip
+def _pointers(edges: Tensor, *optional: Tensor | None) -> tuple[Tensor, ...]:
+    """The kernels' block arguments, ``edges`` standing in for those absent."""
+    return (edges, *(edges if x is None else x for x in optional))
 
 
-class _Inputs:
-    """The blocks of ``pre`` (contiguous), with stand-ins for the optional ones."""
+def _flags(table: Tensor | None, scale: Tensor | None, weight: Tensor | None) -> dict[str, bool]:
+    return {"HAS_TABLE": table is not None, "HAS_SCALE": scale is not None, "HAS_WEIGHT": weight is not None}
 
-    def __init__(self, edges, nodes, table, index, scale, weight) -> None:  # noqa: ANN001
-        self.edges, self.nodes, self.table, self.index, self.scale, self.weight = (
-            edges, nodes, table, index, scale, weight
-        )  # fmt: skip
 
-    @classmethod
-    def of(cls, edges, nodes, table, index, scale, weight) -> _Inputs:  # noqa: ANN001
-        def contiguous(x: Tensor | None) -> Tensor | None:
-            return None if x is None else x.contiguous()
+# The kernels as operators: autograd, torch.compile (which keeps them whole, without a graph break) and
+# dispatch modes (FLOP and byte counts) see one operator each for the forward and the backward pass.
 
-        index = None if index is None else index.to(torch.int64)
-        scale, weight = (None if x is None else x.to(torch.float32) for x in (scale, weight))
-        return cls(*(contiguous(x) for x in (edges, nodes, table, index, scale, weight)))
 
-    def tensors(self) -> tuple[Tensor | None, ...]:
-        return self.edges, self.nodes, self.table, self.index, self.scale, self.weight
+@torch.library.custom_op("dpo_inv::message_mlp", mutates_args=())
+def message_mlp(
+    edges: Tensor,
+    nodes: Tensor,
+    table: Tensor | None,
+    index: Tensor | None,
+    scale: Tensor | None,
+    weight: Tensor | None,
+    W2: Tensor,
+    b2: Tensor,
+    W3: Tensor | None,
+    b3: Tensor | None,
+) -> Tensor:
+    """Both kernels' forward pass on blocks from :func:`_blocks`: ``W3`` None, the summed messages
+    ``[R, N, H]`` (:func:`message_sum`), else the per-edge ones ``[R, K, H]`` (:func:`edge_messages`)."""
+    weights = _weights(_dot_dtype(edges.dtype), W2, b2, W3, b3)
+    out = edges.new_empty(_messages_shape(edges, nodes, W3))
+    M = edges.shape[0] * nodes.shape[1]
+    _forward_kernel[lambda meta: (triton.cdiv(M, meta["BLOCK_M"]),)](
+        *_pointers(edges, nodes, table, index, scale, weight), *weights, out,
+        M, edges.shape[1], N=nodes.shape[1], H=edges.shape[2], **_flags(table, scale, weight),
+        EDGE_OUT=W3 is not None, DOT_DTYPE=_TL_DTYPE[weights[0].dtype],
+    )  # fmt: skip
+    return out
 
-    def pointers(self) -> tuple[Tensor, ...]:
-        return tuple(self.edges if x is None else x for x in self.tensors())
 
-    def flags(self) -> dict[str, bool]:
-        return {
-            "HAS_TABLE": self.table is not None,
-            "HAS_SCALE": self.scale is not None,
-            "HAS_WEIGHT": self.weight is not None,
-        }
+def _messages_shape(edges: Tensor, nodes: Tensor, W3: Tensor | None) -> tuple[int, int, int]:
+    R, K, H = edges.shape
+    return (R, nodes.shape[1], H) if W3 is None else (R, K, H)
+
+
+@message_mlp.register_fake
+def _(edges, nodes, table, index, scale, weight, W2, b2, W3, b3) -> Tensor:  # noqa: ANN001
+    return edges.new_empty(_messages_shape(edges, nodes, W3))
+
+
+@torch.library.custom_op("dpo_inv::message_mlp_backward", mutates_args=())
+def message_mlp_backward(
+    d_out: Tensor,
+    edges: Tensor,
+    nodes: Tensor,
+    table: Tensor | None,
+    index: Tensor | None,
+    scale: Tensor | None,
+    weight: Tensor | None,
+    W2: Tensor,
+    b2: Tensor,
+    W3: Tensor | None,
+    b3: Tensor | None,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """The gradients of :func:`message_mlp`'s blocks and weights, each in its input's dtype: ``edges,
+    nodes, table, W2, b2, W3, b3`` (empty for a ``table`` or ``W3`` that is None). The MLP is recomputed
+    from the blocks, edge by edge."""
+    W2k, b2k, W3k, b3k = _weights(_dot_dtype(edges.dtype), W2, b2, W3, b3)
+    edge_out = W3 is not None
+    R, K, H = edges.shape
+    N = nodes.shape[1]
+    programs = _num_programs(edges.device)
+    f32 = {"device": edges.device, "dtype": torch.float32}
+    d_edges = (torch.empty if N == 1 else torch.zeros)(edges.shape, **f32)  # N > 1: summed over n
+    d_nodes = torch.empty(nodes.shape, **f32)
+    d_table = torch.zeros(table.shape, **f32) if table is not None else d_nodes
+    parts = 2 if edge_out else 1
+    d_weights = torch.empty(programs, parts, H, H, **f32)
+    d_biases = torch.empty(programs, parts, H, **f32)
+    _backward_kernel[(programs,)](
+        *_pointers(edges, nodes, table, index, scale, weight), W2k, b2k, W3k, b3k,
+        d_out.contiguous(), d_edges, d_nodes, d_table, d_weights, d_biases,
+        R * N, K, N=N, H=H, **_flags(table, scale, weight), EDGE_OUT=edge_out, DOT_DTYPE=_TL_DTYPE[W2k.dtype],
+    )  # fmt: skip
+    d_weights, d_biases = d_weights.sum(0), d_biases.sum(0)
+    absent = edges.new_empty  # each absent gradient a tensor of its own: an operator's outputs share nothing
+    return (
+        d_edges.to(edges.dtype),
+        d_nodes.to(nodes.dtype),
+        absent(0) if table is None else d_table.to(table.dtype),
+        d_weights[0].to(W2.dtype, copy=True),
+        d_biases[0].to(b2.dtype, copy=True),
+        d_weights[1].to(W3.dtype, copy=True) if edge_out else absent(0),
+        d_biases[1].to(b3.dtype, copy=True) if edge_out else absent(0),
+    )
+
+
+@message_mlp_backward.register_fake
+def _(d_out, edges, nodes, table, index, scale, weight, W2, b2, W3, b3) -> tuple[Tensor, ...]:  # noqa: ANN001
+    inputs = (edges, nodes, table, W2, b2, W3, b3)
+    return tuple(edges.new_empty(0) if x is None else torch.empty_like(x) for x in inputs)
+
+
+def _save_blocks(ctx, inputs: tuple, output: Tensor) -> None:  # noqa: ANN001
+    ctx.save_for_backward(*inputs)
+
+
+def _gradients(ctx, d_out: Tensor) -> tuple[Tensor | None, ...]:  # noqa: ANN001
+    edges, nodes, table, index, scale, weight, W2, b2, W3, b3 = ctx.saved_tensors
+    d_edges, d_nodes, d_table, d_W2, d_b2, d_W3, d_b3 = message_mlp_backward(
+        d_out, edges, nodes, table, index, scale, weight, W2, b2, W3, b3
+    )
+    present = W3 is not None
+    return (
+        d_edges, d_nodes, d_table if table is not None else None, None, None, None,
+        d_W2, d_b2, d_W3 if present else None, d_b3 if present else None,
+    )  # fmt: skip
+
+
+message_mlp.register_autograd(_gradients, setup_context=_save_blocks)
 
 
 @functools.cache
