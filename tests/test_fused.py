@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from dpo_inv.data.batches import collate, structure_inputs
 from dpo_inv.data.design import prepare_design
 from dpo_inv.models import fused
+from dpo_inv.models.features import _neighbor_rbf, virtual_cb
 from dpo_inv.models.layers import use_fused_kernels
 from dpo_inv.models.mpnn import decoding_ranks
 from dpo_inv.models.weights import load_model, model_parse_options
@@ -50,11 +51,12 @@ def test_fused_kernels_under_the_interpreter():
 @pytest.mark.skipif(fused.triton is None, reason="Triton is not installed")
 @pytest.mark.skipif(fused.INTERPRET, reason="this process is the interpreter's")
 def test_the_kernels_compile_for_an_h100_on_a_machine_without_one():
-    """Triton's compiler and ptxas, not the interpreter, build both kernels for sm_90, as a GPU would at its
-    first step: the decoder's form (gathered neighbours scaled by visibility, two sequences) and the encoder's
-    edge update (per-edge messages through W3), within the shared memory a multiprocessor has, and at one
-    tile of 16 edges on 8 warps without spilling a register to local memory (the backward kernel's products
-    read the weights from shared memory: held in registers, they spilled 120 and 620 bytes a thread)."""
+    """Triton's compiler and ptxas, not the interpreter, build the kernels for sm_90, as a GPU would at its
+    first step: the message MLPs' in the decoder's form (gathered neighbours scaled by visibility, two
+    sequences) and the encoder's edge update (per-edge messages through W3), and the distance features',
+    within the shared memory a multiprocessor has, and at one tile of 16 edges on 8 warps without spilling a
+    register to local memory (the backward kernel's products read the weights from shared memory: held in
+    registers, they spilled 120 and 620 bytes a thread)."""
     script = Path(__file__).resolve().parents[1] / "scripts" / "fused_check.py"
     command = [sys.executable, str(script), "--compile_only", "--forms", "decoder", "edge update", "--config",
                "1,16,8,2"]  # fmt: skip
@@ -62,7 +64,7 @@ def test_the_kernels_compile_for_an_h100_on_a_machine_without_one():
     result = subprocess.run(command, capture_output=True, text=True, env=env)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     lines = result.stdout.splitlines()
-    assert [line.split()[0] for line in lines] == ["forward", "forward", "backward", "backward"], lines
+    assert [line.split()[0] for line in lines] == ["forward", "forward", "backward", "backward", "rbf"], lines
     for line in lines:
         found = re.search(r"shared (\d+) KB, (\d+) registers, (\d+) bytes spilled", line)
         shared, registers, spilled = (int(x) for x in found.groups())
@@ -161,6 +163,41 @@ def test_the_kernels_are_operators_that_autograd_and_the_compiler_take_whole(for
     got = torch.autograd.grad(torch.compile(loss, backend="aot_eager", fullgraph=True)(*args), leaves)
     for a, b in zip(got, want, strict=True):
         assert relative(a, b) < 1e-6
+
+
+@interpreted
+def test_the_distance_features_kernel_equals_the_plain_features():
+    """The edges' 25 RBF-expanded distances of a real structure (2xcjA, 84 residues, 48 neighbours) as one
+    kernel: in fp32 the plain path's values; under bf16 autocast written in bf16, each within one bf16 unit
+    of the plain path's fp32 value (a GPU rounds it to the nearest, as the edge embedding's cast does; the
+    interpreter truncates)."""
+    model = load_model("vanilla/v_48_020").eval()
+    X, mask = (designed("vanilla/v_48_020")[name] for name in ("X", "mask"))
+    features = model.features
+    N, Ca, C, O = X.unbind(2)
+    atoms = torch.stack((N, Ca, C, O, virtual_cb(X)), dim=2)
+    D_neighbors, E_idx = features._dist(Ca, mask)
+    plain = _neighbor_rbf(D_neighbors, atoms, E_idx, features.atom_pairs, False)
+    fused_rbf = _neighbor_rbf(D_neighbors, atoms, E_idx, features.atom_pairs, True)
+    assert plain.shape == fused_rbf.shape == (1, 84, 48, 400) and fused_rbf.dtype == torch.float32
+    assert relative(fused_rbf, plain) < 1e-6
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        rounded = _neighbor_rbf(D_neighbors, atoms, E_idx, features.atom_pairs, True)
+    assert rounded.dtype == torch.bfloat16
+    assert ((rounded.float() - plain).abs() <= 2**-7 * plain.abs()).all()
+    centres, rows = torch.linspace(2.0, 22.0, 16), E_idx.flatten()  # one structure: its rows are E_idx
+    torch.library.opcheck(
+        fused.rbf_features,
+        (
+            D_neighbors.flatten(),
+            atoms.reshape(84, 15),
+            rows,
+            features.atom_pairs,
+            centres,
+            1.25,
+            torch.float32,
+        ),
+    )
 
 
 def designed(name: str) -> dict[str, torch.Tensor]:

@@ -25,7 +25,13 @@ from torch.utils.data import DataLoader
 
 import dpo_inv.data.featurized
 import dpo_inv.structures.parse
-from dpo_inv.data.batches import REFERENCE_COLUMNS, ExampleDataset, LengthGroupedSampler, collate
+from dpo_inv.data.batches import (
+    REFERENCE_COLUMNS,
+    ExampleDataset,
+    LengthGroupedSampler,
+    collate,
+    structure_inputs,
+)
 from dpo_inv.data.dataset import load_records
 from dpo_inv.errors import OptionError
 from dpo_inv.models.features import ProteinFeatures
@@ -123,6 +129,37 @@ def test_bf16_autocast_matches_fp32(data, policy, reference, accelerator_for):
     assert (loss16 - loss).abs() <= CONFIG.beta * logits_change + 1e-6
     assert torch.nn.functional.cosine_similarity(gradient, gradient16, dim=0) > 0.99
     assert float(gradient16.norm()) == pytest.approx(float(gradient.norm()), rel=0.05)
+
+
+def test_edges_stay_in_bf16_where_autocast_runs_layer_norms_in_fp32(data, policy):
+    """Under bf16 autocast the encoder writes its edges (the features', each layer's edge update) in bf16,
+    with the same values, also under CUDA's autocast, which runs layer norms in fp32: that policy is
+    emulated here on the CPU for `aten::layer_norm`. There `nn.LayerNorm` wrote them in fp32, which each next
+    linear map read and rounded again."""
+    inputs = structure_inputs(batch_of(data, [0, 8]))
+
+    def encoded_edges() -> torch.Tensor:
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+            return policy.encode(**inputs).h_E
+
+    cpu_policy = encoded_edges()
+    fp32_layer_norms = torch.library.Library("aten", "IMPL")
+    only_autocast = torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastCPU)
+
+    def layer_norm_in_fp32(input, normalized_shape, weight=None, bias=None, eps=1e-5, cudnn_enable=True):  # noqa: ANN001, ANN202
+        with torch._C._ExcludeDispatchKeyGuard(only_autocast):
+            weight, bias = (None if x is None else x.float() for x in (weight, bias))
+            return torch.ops.aten.layer_norm(input.float(), normalized_shape, weight, bias, eps, cudnn_enable)
+
+    fp32_layer_norms.impl("layer_norm", layer_norm_in_fp32, "AutocastCPU")
+    try:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            assert torch.nn.LayerNorm(128)(torch.randn(3, 128, dtype=torch.bfloat16)).dtype == torch.float32
+        cuda_policy = encoded_edges()
+    finally:
+        fp32_layer_norms._destroy()
+    assert cpu_policy.dtype == cuda_policy.dtype == torch.bfloat16
+    assert torch.equal(cpu_policy, cuda_policy)
 
 
 def test_dataloader_workers_give_the_same_batches_and_loss(data, policy, reference, accelerator_for):

@@ -10,7 +10,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from dpo_inv.models.layers import gather_neighbors, gather_nodes, weight
+from dpo_inv.models import fused
+from dpo_inv.models.layers import AutocastLayerNorm, gather_neighbors, gather_nodes, weight
 from dpo_inv.structures.context import periodic_group_and_period
 
 _NUM_RBF = 16
@@ -29,21 +30,27 @@ _BACKBONE_PAIRS = (
 _CA_PAIRS = ((0, 0), (2, 2), (0, 1), (0, 2), (1, 0), (1, 2), (2, 0), (2, 1))
 
 
+_RBF_MIN, _RBF_MAX = 2.0, 22.0  # Å: the first and last of the 16 centres
+_RBF_SIGMA = (_RBF_MAX - _RBF_MIN) / _NUM_RBF
+
+
 def _rbf(D: Tensor) -> Tensor:
     """Gaussian radial basis expansion of distances (2-22 Å, 16 centres) along a new last axis.
 
     Exponents below -87 are raised to it (values under 2e-38, where ``exp`` is many times slower, none of
     which changes a sum it enters)."""
-    D_min, D_max = 2.0, 22.0
-    D_mu = torch.linspace(D_min, D_max, _NUM_RBF, device=D.device)
-    D_sigma = (D_max - D_min) / _NUM_RBF
-    return (D.unsqueeze(-1) - D_mu).div_(D_sigma).square_().neg_().clamp_(min=-87.0).exp_()
+    D_mu = torch.linspace(_RBF_MIN, _RBF_MAX, _NUM_RBF, device=D.device)
+    return (D.unsqueeze(-1) - D_mu).div_(_RBF_SIGMA).square_().neg_().clamp_(min=-87.0).exp_()
 
 
-def _neighbor_rbf(D_neighbors: Tensor, atoms: Tensor, E_idx: Tensor, pairs: Tensor) -> Tensor:
+def _neighbor_rbf(D_neighbors: Tensor, atoms: Tensor, E_idx: Tensor, pairs: Tensor, fuse: bool) -> Tensor:
     """RBF of the neighbour distances ``D_neighbors [B, L, K]``, then of the distances between atom ``a`` of
     residue ``i`` and atom ``b`` of each neighbour ``j`` for each pair ``(a, b)`` of ``pairs [2, P]``, from
-    ``atoms [B, L, A, 3]``: ``[B, L, K, (1 + P) * 16]``."""
+    ``atoms [B, L, A, 3]``: ``[B, L, K, (1 + P) * 16]``. With ``fuse``, where the device allows, as one
+    kernel that writes them in the autocast dtype (:func:`fused.neighbor_rbf`)."""
+    if fuse and fused.available(D_neighbors) and not atoms.requires_grad:
+        centres = torch.linspace(_RBF_MIN, _RBF_MAX, _NUM_RBF, device=atoms.device)
+        return fused.neighbor_rbf(D_neighbors, atoms, E_idx, pairs, centres, _RBF_SIGMA)
     B, L, A, _ = atoms.shape
     neighbors = gather_nodes(atoms.reshape(B, L, A * 3), E_idx).view(*E_idx.shape, A, 3)
     diff = atoms[:, :, None].index_select(3, pairs[0]) - neighbors.index_select(3, pairs[1])
@@ -76,6 +83,7 @@ class GraphFeatures(nn.Module):
     to the device at every step, which a CUDA graph cannot capture), filled by :meth:`init_buffers`."""
 
     ATOM_PAIRS: tuple[tuple[int, int], ...]  # the pairs of atoms whose distances are edge features
+    fused = False  # the distance features as one kernel where the device allows (use_fused_kernels)
 
     def __init__(self, top_k: int) -> None:
         super().__init__()
@@ -130,7 +138,7 @@ class ProteinFeatures(GraphFeatures):
     def __init__(self, edge_features: int, top_k: int) -> None:
         super().__init__(top_k)
         self.edge_embedding = nn.Linear(_NUM_POSITIONAL + _NUM_RBF * 25, edge_features, bias=False)
-        self.norm_edges = nn.LayerNorm(edge_features)
+        self.norm_edges = AutocastLayerNorm(edge_features)
 
     def forward(
         self, X: Tensor, mask: Tensor, residue_idx: Tensor, chain_labels: Tensor
@@ -139,7 +147,7 @@ class ProteinFeatures(GraphFeatures):
         Cb = virtual_cb(X)
         D_neighbors, E_idx = self._dist(Ca, mask)
         atoms = torch.stack((N, Ca, C, O, Cb), dim=2)
-        rest = _neighbor_rbf(D_neighbors, atoms, E_idx, self.atom_pairs)
+        rest = _neighbor_rbf(D_neighbors, atoms, E_idx, self.atom_pairs, self.fused)
         return self.norm_edges(self._embed_edges(E_idx, residue_idx, chain_labels, rest)), E_idx
 
 
@@ -153,7 +161,7 @@ class CAProteinFeatures(GraphFeatures):
         self.node_embedding = nn.Linear(3, node_features, bias=False)  # present in the checkpoints, unused
         self.edge_embedding = nn.Linear(_NUM_POSITIONAL + _NUM_RBF * 9 + 7, edge_features, bias=False)
         self.norm_nodes = nn.LayerNorm(node_features)  # present in the checkpoints, unused
-        self.norm_edges = nn.LayerNorm(edge_features)
+        self.norm_edges = AutocastLayerNorm(edge_features)
 
     @staticmethod
     def _quaternions(R: Tensor) -> Tensor:
@@ -197,7 +205,8 @@ class CAProteinFeatures(GraphFeatures):
         Ca_next = F.pad(Ca[:, 1:], (0, 0, 0, 1))
         atoms = torch.stack((Ca_prev, Ca, Ca_next), dim=2)
         rest = torch.cat(
-            (_neighbor_rbf(D_neighbors, atoms, E_idx, self.atom_pairs), self._orientations(Ca, E_idx)), -1
+            (_neighbor_rbf(D_neighbors, atoms, E_idx, self.atom_pairs, False), self._orientations(Ca, E_idx)),
+            -1,
         )
         return self.norm_edges(self._embed_edges(E_idx, residue_idx, chain_labels, rest)), E_idx
 
@@ -220,12 +229,12 @@ class LigandFeatures(ProteinFeatures):
         self.atom_context_num = atom_context_num
         element_features = _NUM_ELEMENTS + _NUM_GROUPS + _NUM_PERIODS
         self.node_project_down = nn.Linear(5 * _NUM_RBF + 64 + 4, node_features, bias=True)
-        self.norm_nodes = nn.LayerNorm(node_features)
+        self.norm_nodes = AutocastLayerNorm(node_features)
         self.type_linear = nn.Linear(element_features, 64)
         self.y_nodes = nn.Linear(element_features, node_features, bias=False)
         self.y_edges = nn.Linear(_NUM_RBF, node_features, bias=False)
-        self.norm_y_edges = nn.LayerNorm(node_features)
-        self.norm_y_nodes = nn.LayerNorm(node_features)
+        self.norm_y_edges = AutocastLayerNorm(node_features)
+        self.norm_y_nodes = AutocastLayerNorm(node_features)
         self.register_buffer("groups_and_periods", _groups_and_periods(), persistent=False)
 
     @torch.no_grad()

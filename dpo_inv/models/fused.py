@@ -224,6 +224,51 @@ def _gradients(ctx, d_out: Tensor) -> tuple[Tensor | None, ...]:  # noqa: ANN001
 message_mlp.register_autograd(_gradients, setup_context=_save_blocks)
 
 
+def neighbor_rbf(
+    D_first: Tensor, atoms: Tensor, E_idx: Tensor, pairs: Tensor, centres: Tensor, sigma: float
+) -> Tensor:
+    """The edges' distance features in one kernel, written in the autocast dtype (bf16), which the plain
+    path writes in fp32 for the edge embedding to round: ``out[b, i, k, p, c] = exp(-((D - centres[c]) /
+    sigma)^2)`` (exponents clamped at -87), where ``D`` is ``D_first [B, L, K]`` for ``p = 0`` and, for
+    ``p >= 1``, the distance between atom ``pairs[0, p - 1]`` of residue ``i`` and atom ``pairs[1, p - 1]``
+    of its neighbour ``E_idx[b, i, k]``, from ``atoms [B, L, A, 3]``: ``[B, L, K, (1 + P) * C]``."""
+    device = atoms.device.type
+    dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else atoms.dtype
+    B, L, A, _ = atoms.shape
+    offset = torch.arange(0, B * L, L, device=E_idx.device).view(B, 1, 1)
+    rows = (E_idx + offset).flatten()
+    flat = (D_first.float().flatten(), atoms.float().reshape(B * L, A * 3), rows, pairs, centres.float())
+    return rbf_features(*(x.contiguous() for x in flat), sigma, dtype).view(*E_idx.shape, -1)
+
+
+@torch.library.custom_op("dpo_inv::rbf_features", mutates_args=())
+def rbf_features(
+    D_first: Tensor,
+    atoms: Tensor,
+    rows: Tensor,
+    pairs: Tensor,
+    centres: Tensor,
+    sigma: float,
+    dtype: torch.dtype,
+) -> Tensor:
+    """:func:`neighbor_rbf` on flat inputs: ``D_first [E]``, ``atoms [R, A * 3]``, the neighbour's row
+    ``rows [E]`` of each edge (edge ``e`` is one of row ``e // (E / R)``), ``pairs [2, P]``:
+    ``[E, (1 + P) * C]``."""
+    E, P, C = rows.shape[0], pairs.shape[1], centres.shape[0]
+    out = torch.empty(E, (1 + P) * C, device=atoms.device, dtype=dtype)
+    _rbf_kernel[(triton.cdiv(E, _RBF_EDGES),)](
+        D_first, atoms, rows, pairs[0].contiguous(), pairs[1].contiguous(), centres, out,
+        E, E // atoms.shape[0], A=atoms.shape[1] // 3, P=P, P_BLOCK=triton.next_power_of_2(P + 1), C=C,
+        SIGMA=sigma, BLOCK_E=_RBF_EDGES,
+    )  # fmt: skip
+    return out
+
+
+@rbf_features.register_fake
+def _(D_first, atoms, rows, pairs, centres, sigma, dtype) -> Tensor:  # noqa: ANN001
+    return atoms.new_empty((rows.shape[0], (1 + pairs.shape[1]) * centres.shape[0]), dtype=dtype)
+
+
 @functools.cache
 def _num_programs(device: torch.device) -> int:
     """Programs of the backward kernel: a few per multiprocessor, each summing its weight gradients; two
@@ -244,6 +289,8 @@ def _configs(*shapes: tuple[int, int, int, int]) -> list:
         for m, k, warps, stages in shapes
     ]
 
+
+_RBF_EDGES = 16  # edges per program of the distance features' kernel
 
 # each kernel is tuned once per form (flags, sequences per structure, neighbours) and dtype
 _TUNED_BY = ["K", "N", "HAS_TABLE", "HAS_SCALE", "HAS_WEIGHT", "EDGE_OUT", "DOT_DTYPE"]
@@ -449,3 +496,31 @@ if triton is not None:
         if EDGE_OUT:
             tl.store(d_weights + (pid * parts + 1) * H * H + square, d_W3)
             tl.store(d_biases + (pid * parts + 1) * H + h, d_b3)
+
+    @triton.jit
+    def _rbf_kernel(
+        D_first, atoms, rows, centre_atom, neighbour_atom, centres, out, E, K,
+        A: tl.constexpr, P: tl.constexpr, P_BLOCK: tl.constexpr, C: tl.constexpr, SIGMA: tl.constexpr,
+        BLOCK_E: tl.constexpr,
+    ):  # fmt: skip
+        e = tl.program_id(0) * BLOCK_E + tl.arange(0, BLOCK_E)
+        p = tl.arange(0, P_BLOCK)
+        c = tl.arange(0, C)
+        edge_on = e < E
+        pair_on = (p >= 1) & (p <= P)
+        a = tl.load(centre_atom + p - 1, mask=pair_on, other=0)
+        b = tl.load(neighbour_atom + p - 1, mask=pair_on, other=0)
+        centre = (e // K).to(tl.int64)
+        neighbour = tl.load(rows + e, mask=edge_on, other=0)
+        on = edge_on[:, None] & pair_on[None, :]
+        squared = tl.zeros([BLOCK_E, P_BLOCK], dtype=tl.float32)
+        for x in tl.static_range(3):  # the plain path's sum over x, y, z, in order
+            here = tl.load(atoms + centre[:, None] * (A * 3) + a[None, :] * 3 + x, mask=on, other=0.0)
+            there = tl.load(atoms + neighbour[:, None] * (A * 3) + b[None, :] * 3 + x, mask=on, other=0.0)
+            squared += (here - there) * (here - there)
+        D = tl.sqrt_rn(squared + 1e-6)
+        D = tl.where(p[None, :] == 0, tl.load(D_first + e, mask=edge_on, other=0.0)[:, None], D)
+        z = tl.math.div_rn(D[:, :, None] - tl.load(centres + c)[None, None, :], SIGMA)
+        values = tl.exp(tl.maximum(-(z * z), -87.0))
+        at = out + e.to(tl.int64)[:, None, None] * ((P + 1) * C) + p[None, :, None] * C + c[None, None, :]
+        tl.store(at, values.to(out.dtype.element_ty), mask=(edge_on[:, None] & (p <= P)[None, :])[:, :, None])

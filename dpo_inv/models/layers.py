@@ -44,10 +44,11 @@ def applies_merged(W: nn.Module) -> bool:
 
 
 def use_fused_kernels(model: nn.Module, on: bool) -> None:
-    """Let the message-passing layers of ``model`` run their message MLPs as fused kernels where the device
-    allows (:mod:`dpo_inv.models.fused`), or keep them on the plain path."""
+    """Let the modules of ``model`` that have fused kernels (a class attribute ``fused``: the message-passing
+    layers' message MLPs, the edges' distance features) run them where the device allows
+    (:mod:`dpo_inv.models.fused`), or keep them on the plain path."""
     for module in model.modules():
-        if isinstance(module, (EncLayer, NodeLayer)):
+        if hasattr(type(module), "fused"):
             module.fused = on
 
 
@@ -139,6 +140,23 @@ class Dropout(nn.Dropout):
         return dropout(input, self.p, self.training)
 
 
+class AutocastLayerNorm(nn.LayerNorm):
+    """``nn.LayerNorm`` for the per-edge (and per-context-atom) states: under autocast it runs in the
+    autocast dtype (bf16), its weights rounded to it as autocast rounds a linear map's, and writes the edges
+    in that dtype. CUDA's autocast would run it in fp32 and write fp32 edges, each of which every next
+    linear map reads and rounds again (a CPU's autocast already keeps bf16 inputs in bf16). The statistics
+    are accumulated in fp32 either way; node states keep ``nn.LayerNorm``."""
+
+    def forward(self, input: Tensor) -> Tensor:
+        device = input.device.type
+        if not torch.is_autocast_enabled(device):
+            return super().forward(input)
+        dtype = torch.get_autocast_dtype(device)
+        weight, bias = (None if x is None else x.to(dtype) for x in (self.weight, self.bias))
+        with torch.autocast(device, enabled=False):
+            return F.layer_norm(input.to(dtype), self.normalized_shape, weight, bias, self.eps)
+
+
 class PositionWiseFeedForward(nn.Module):
     """Two-layer GELU MLP."""
 
@@ -201,7 +219,7 @@ class EncLayer(nn.Module):
         self.dropout3 = Dropout(dropout)
         self.norm1 = nn.LayerNorm(num_hidden)
         self.norm2 = nn.LayerNorm(num_hidden)
-        self.norm3 = nn.LayerNorm(num_hidden)
+        self.norm3 = AutocastLayerNorm(num_hidden)
         self.W1 = nn.Linear(num_hidden + num_in, num_hidden, bias=True)
         self.W2 = nn.Linear(num_hidden, num_hidden, bias=True)
         self.W3 = nn.Linear(num_hidden, num_hidden, bias=True)
