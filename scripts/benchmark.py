@@ -22,11 +22,11 @@ process (one model load). Both go through `load_records`: parsed once, then read
 cache in `work_dir`.
 
 Output: one JSON line per measurement: device, world size, batch size, mean residues per structure, padding,
-pairs/s, residues/s, matrix-multiply TFLOP/s, operators per micro-batch, step-time percentiles, data-loading
-share of the step, peak memory (CUDA tensors, else process RSS), GPU utilisation, and what must hold: encoder
-passes per micro-batch of each model, structure parses during the steps. A length sweep ends with a line
-giving the exponent of step time and step memory in L (log-log slope; 1 = linear); `--find_max_length` gives
-the largest L that trains.
+pairs/s, residues/s, matrix-multiply TFLOP/s, operators per micro-batch and the bytes they move per pair,
+step-time percentiles, data-loading share of the step, peak memory (CUDA tensors, else process RSS), GPU
+utilisation, and what must hold: encoder passes per micro-batch of each model, structure parses during the
+steps. A length sweep ends with a line giving the exponent of step time and step memory in L (log-log slope;
+1 = linear); `--find_max_length` gives the largest L that trains.
 """
 
 from __future__ import annotations

@@ -24,6 +24,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.data import DataLoader
 
 import dpo_inv.data.featurized
+import dpo_inv.models.layers
 import dpo_inv.structures.parse
 from dpo_inv.data.batches import (
     REFERENCE_COLUMNS,
@@ -160,6 +161,27 @@ def test_edges_stay_in_bf16_where_autocast_runs_layer_norms_in_fp32(data, policy
         fp32_layer_norms._destroy()
     assert cpu_policy.dtype == cuda_policy.dtype == torch.bfloat16
     assert torch.equal(cpu_policy, cuda_policy)
+
+
+def test_edge_layer_norms_with_weights_in_bf16_as_cuda_takes_them(data, policy, monkeypatch):
+    """Where a device's layer norm takes its weights only in its input's dtype (CUDA's), the edge layer norms
+    round theirs to bf16: the encoder's edges stay within bf16 rounding of the fp32-weight ones, and the
+    weights' gradients reach them in fp32."""
+    inputs = structure_inputs(batch_of(data, [0, 8]))
+    model = copy.deepcopy(policy)
+
+    def encoded_edges() -> torch.Tensor:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return model.encode(**inputs).h_E
+
+    fp32_weights = encoded_edges().detach()
+    monkeypatch.setattr(dpo_inv.models.layers, "weights_in_input_dtype", lambda device: True)
+    edges = encoded_edges()
+    assert edges.dtype == torch.bfloat16 and not torch.equal(edges, fp32_weights)
+    assert float((edges.detach().float() - fp32_weights.float()).norm() / fp32_weights.float().norm()) < 2**-7
+    edges.float().square().sum().backward()
+    norm = model.encoder_layers[2].norm3
+    assert norm.weight.grad.dtype == torch.float32 and norm.weight.grad.abs().sum() > 0
 
 
 def test_dataloader_workers_give_the_same_batches_and_loss(data, policy, reference, accelerator_for):

@@ -142,19 +142,26 @@ class Dropout(nn.Dropout):
 
 class AutocastLayerNorm(nn.LayerNorm):
     """``nn.LayerNorm`` for the per-edge (and per-context-atom) states: under autocast it runs in the
-    autocast dtype (bf16), its weights rounded to it as autocast rounds a linear map's, and writes the edges
-    in that dtype. CUDA's autocast would run it in fp32 and write fp32 edges, each of which every next
-    linear map reads and rounds again (a CPU's autocast already keeps bf16 inputs in bf16). The statistics
-    are accumulated in fp32 either way; node states keep ``nn.LayerNorm``."""
+    autocast dtype (bf16) and writes the edges in it. CUDA's autocast would run it in fp32 and write fp32
+    edges, each of which every next linear map reads and rounds again; a CPU's autocast already keeps bf16
+    inputs in bf16. The statistics are accumulated in fp32 either way; node states keep ``nn.LayerNorm``."""
 
     def forward(self, input: Tensor) -> Tensor:
         device = input.device.type
         if not torch.is_autocast_enabled(device):
             return super().forward(input)
         dtype = torch.get_autocast_dtype(device)
-        weight, bias = (None if x is None else x.to(dtype) for x in (self.weight, self.bias))
+        weight, bias = self.weight, self.bias
+        if weights_in_input_dtype(device):  # rounded as autocast rounds a linear map's
+            weight, bias = (None if x is None else x.to(dtype) for x in (weight, bias))
         with torch.autocast(device, enabled=False):
             return F.layer_norm(input.to(dtype), self.normalized_shape, weight, bias, self.eps)
+
+
+def weights_in_input_dtype(device: str) -> bool:
+    """Whether ``device``'s layer norm takes its weights only in its input's dtype: a CPU's also takes fp32
+    weights with bf16 input; CUDA's does not."""
+    return device != "cpu"
 
 
 class PositionWiseFeedForward(nn.Module):

@@ -294,9 +294,10 @@ class DPOConfig(LoraOptions, DecodingOrderOptions):
         default=False,
         **field_help(
             "With bf16 or fp16 on a CUDA GPU (Triton): each message MLP as one fused kernel that keeps "
-            "no per-edge activation in memory (recomputed in the backward pass): peak memory down by "
-            "40-48 percent on an H100 (docs/benchmarks.md; speed not yet measured for the present kernels). "
-            "Same numbers as the plain layers; no effect in fp32 or on a CPU."
+            "no per-edge activation in memory (recomputed in the backward pass), and the edges' distance "
+            "features as one kernel that writes them in bf16: peak memory down by 40-48 percent on an H100, "
+            "the bytes a step moves halved again (docs/benchmarks.md; speed not yet measured for the present "
+            "kernels). Same numbers as the plain layers; no effect in fp32 or on a CPU."
         ),
     )
     cuda_graphs: bool = field(
