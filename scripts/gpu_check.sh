@@ -4,7 +4,8 @@
 # against the plain step (scripts/graphs_check.py: equality and speed, fp32 and bf16, batches 8 and 32; up
 # to 2 x 75 s more), and the fused kernels against the plain computation, layer by layer
 # (scripts/fused_check.py: errors, times and the configs the autotuner chose; up to 120 s more). Prints a
-# table last: pairs/s, GPU busy share and peak memory for each configuration and batch, fused off and on,
+# table last: pairs/s, GPU busy share, peak memory and the bytes moved per second (GB/s: pairs/s x the
+# megabytes per pair the benchmark counts) for each configuration and batch, fused off and on,
 # and the speed-up.
 #
 #     bash scripts/gpu_check.sh                    # the graphs, then the whole matrix
@@ -232,15 +233,19 @@ def cell(run, batch, mode, what):
     if "error" in row:
         return "oom" if "out of memory" in row["error"] else "error"
     value = row.get(what)
+    if what == "gb_per_second":  # the bytes the step's operators move (counted on its first batch), per second
+        moved = (row.get("megabytes_moved_per_pair") or {}).get("total")
+        value = moved * row["pairs_per_second"] / 1000 if moved else None
     if value is None:
         return "-"
     if what == "peak_memory_mb":
         return f"{value / 1024:.2f}"
-    return f"{value:.1f}" if what == "gpu_utilization_percent" else f"{value:.2f}"
+    return f"{value:.1f}" if what in ("gpu_utilization_percent", "gb_per_second") else f"{value:.2f}"
 
 header = ["run", "batch"]
-for label, what in (("pairs/s", "pairs_per_second"), ("busy %", "gpu_utilization_percent"),
-                    ("peak GB", "peak_memory_mb")):
+COLUMNS = (("pairs/s", "pairs_per_second"), ("busy %", "gpu_utilization_percent"), ("peak GB", "peak_memory_mb"),
+           ("GB/s", "gb_per_second"))
+for label, what in COLUMNS:
     header += [f"{label} {mode}" for mode in modes]
 both = "off" in modes and "on" in modes
 if both:
@@ -248,7 +253,7 @@ if both:
 table = [header]
 for run, batch in order:
     line = [run, str(batch)]
-    for what in ("pairs_per_second", "gpu_utilization_percent", "peak_memory_mb"):
+    for _, what in COLUMNS:
         line += [cell(run, batch, mode, what) for mode in modes]
     if both:
         off, on = (rows.get((run, batch, mode), {}).get("pairs_per_second") for mode in ("off", "on"))
