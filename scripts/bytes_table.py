@@ -1,0 +1,102 @@
+"""The bytes a DPO step moves per pair, counted operator by operator, for the step of now and of before: the
+table of docs/benchmarks.md, "Bytes a step moves". No GPU needed.
+
+    python scripts/bytes_table.py            # 11 rows, about 15 minutes on two CPU cores
+
+Each row is one `scripts/benchmark.py` process (one warm-up micro-batch of 2 structures of 150 residues,
+whose operators it counts; `megabytes_moved_per_pair`), with CUDA's autocast policy for layer norms (fp32)
+emulated on the CPU, and the fused kernels run by Triton's interpreter. "Before" rows put back what the
+step of before did: `nn.LayerNorm` for the edges' layer norms, the distance features in plain PyTorch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import runpy
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+import dpo_inv.models.features as features
+import dpo_inv.models.layers as layers
+
+ROOT = Path(__file__).resolve().parents[1]
+BANDWIDTH = {"H100": 3.35e12, "H200": 4.8e12}  # bytes/s of HBM
+MEASURED_H100 = {  # pairs/s at batch 128, length 150 (docs/benchmarks.md, "On a GPU")
+    "fp32": 503, "bf16, plain layers, before": 748, "bf16, fused message MLPs, before": 695,
+    "fp32, precomputed reference": 658, "bf16, plain, precomputed reference, before": 997,
+    "bf16, fused, precomputed reference, before": 789,
+}  # fmt: skip
+FP32, BF16 = "--mixed_precision no", "--mixed_precision bf16"
+FUSED, PRE = "--fused_kernels true", "--precompute_ref_log_probs"
+# row: (options, nn.LayerNorm for the edges, plain distance features)
+ROWS = {
+    "fp32": (FP32, False, False),
+    "bf16, plain layers, before": (BF16, True, False),
+    "bf16, plain layers, the edges' layer norms in bf16": (BF16, False, False),
+    "bf16, fused message MLPs, before": (f"{BF16} {FUSED}", True, True),
+    "bf16, fused, the edges' layer norms in bf16": (f"{BF16} {FUSED}", False, True),
+    "bf16, fused, and the distance features' kernel": (f"{BF16} {FUSED}", False, False),
+    "fp32, precomputed reference": (f"{FP32} {PRE}", False, False),
+    "bf16, plain, precomputed reference, before": (f"{BF16} {PRE}", True, False),
+    "bf16, plain, precomputed reference": (f"{BF16} {PRE}", False, False),
+    "bf16, fused, precomputed reference, before": (f"{BF16} {PRE} {FUSED}", True, True),
+    "bf16, fused, precomputed reference": (f"{BF16} {PRE} {FUSED}", False, False),
+}
+BENCHMARK = "--lengths 150 --batch_sizes 2 --steps 1 --warmup 1 --work_dir outputs/bytes_table"
+
+
+def emulate_cuda_layer_norm() -> torch.library.Library:
+    """`aten::layer_norm` under the CPU's autocast in fp32, as CUDA's autocast runs it, while the returned
+    library lives."""
+    library = torch.library.Library("aten", "IMPL")
+    autocast = torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastCPU)
+
+    def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5, cudnn_enable=True):  # noqa: ANN001, ANN202
+        with torch._C._ExcludeDispatchKeyGuard(autocast):
+            weight, bias = (None if x is None else x.float() for x in (weight, bias))
+            return torch.ops.aten.layer_norm(input.float(), normalized_shape, weight, bias, eps, cudnn_enable)
+
+    library.impl("layer_norm", layer_norm, "AutocastCPU")
+    return library
+
+
+def count(row: str) -> None:
+    """In this process: the benchmark of one row."""
+    options, plain_norms, plain_features = ROWS[row]
+    library = emulate_cuda_layer_norm()
+    if plain_norms:
+        layers.AutocastLayerNorm.forward = torch.nn.LayerNorm.forward
+    if plain_features:
+        plain = features._neighbor_rbf
+        features._neighbor_rbf = lambda D, atoms, E_idx, pairs, fuse: plain(D, atoms, E_idx, pairs, False)
+    sys.argv = ["benchmark.py", *BENCHMARK.split(), *options.split()]
+    runpy.run_path(str(ROOT / "scripts" / "benchmark.py"), run_name="__main__")
+    library._destroy()
+
+
+def main() -> None:
+    if len(sys.argv) == 3 and sys.argv[1] == "--row":
+        count(sys.argv[2])
+        return
+    env = {**os.environ, "TRITON_INTERPRET": "1", "TRITON_DEFAULT_FP_FUSION": "1"}
+    print("| step | MB per pair | of which the features | bound H100 / H200, pairs/s | measured on an H100 |")
+    print("|---|---|---|---|---|")
+    for row in ROWS:
+        command = [sys.executable, "-W", "ignore", __file__, "--row", row]
+        result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, check=True)
+        moved = json.loads(result.stdout.strip().splitlines()[-1])["megabytes_moved_per_pair"]
+        per_pair = moved["total"] - moved["metrics_clipping_optimizer"]
+        of_features = moved["features_forward"] + moved["features_backward"]
+        bounds = [bandwidth / (per_pair * 1e6) for bandwidth in BANDWIDTH.values()]
+        measured = MEASURED_H100.get(row)
+        share = f"{measured} ({measured / bounds[0]:.0%} of the bound)" if measured else ""
+        bound = f"{bounds[0]:,.0f} / {bounds[1]:,.0f}"
+        print(f"| {row} | {per_pair:,.0f} | {of_features:,.0f} | {bound} | {share} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
