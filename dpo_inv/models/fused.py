@@ -290,7 +290,7 @@ def _configs(*shapes: tuple[int, int, int, int]) -> list:
     ]
 
 
-_RBF_EDGES = 16  # edges per program of the distance features' kernel
+_RBF_EDGES = 256 if INTERPRET else 16  # edges per program of the distance features' kernel (interpreted: few)
 
 # each kernel is tuned once per form (flags, sequences per structure, neighbours) and dtype
 _TUNED_BY = ["K", "N", "HAS_TABLE", "HAS_SCALE", "HAS_WEIGHT", "EDGE_OUT", "DOT_DTYPE"]
