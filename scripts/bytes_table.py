@@ -49,33 +49,17 @@ ROWS = {
 BENCHMARK = "--lengths 150 --batch_sizes 2 --steps 1 --warmup 1 --work_dir outputs/bytes_table"
 
 
-def emulate_cuda_layer_norm() -> torch.library.Library:
-    """`aten::layer_norm` under the CPU's autocast in fp32, as CUDA's autocast runs it, while the returned
-    library lives."""
-    library = torch.library.Library("aten", "IMPL")
-    autocast = torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastCPU)
-
-    def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5, cudnn_enable=True):  # noqa: ANN001, ANN202
-        with torch._C._ExcludeDispatchKeyGuard(autocast):
-            weight, bias = (None if x is None else x.float() for x in (weight, bias))
-            return torch.ops.aten.layer_norm(input.float(), normalized_shape, weight, bias, eps, cudnn_enable)
-
-    library.impl("layer_norm", layer_norm, "AutocastCPU")
-    return library
-
-
 def count(row: str) -> None:
     """In this process: the benchmark of one row."""
     options, plain_norms, plain_features = ROWS[row]
-    library = emulate_cuda_layer_norm()
     if plain_norms:
         layers.AutocastLayerNorm.forward = torch.nn.LayerNorm.forward
     if plain_features:
         plain = features._neighbor_rbf
         features._neighbor_rbf = lambda D, atoms, E_idx, pairs, fuse: plain(D, atoms, E_idx, pairs, False)
     sys.argv = ["benchmark.py", *BENCHMARK.split(), *options.split()]
-    runpy.run_path(str(ROOT / "scripts" / "benchmark.py"), run_name="__main__")
-    library._destroy()
+    with layers.cuda_layer_norm_policy():
+        runpy.run_path(str(ROOT / "scripts" / "benchmark.py"), run_name="__main__")
 
 
 def main() -> None:

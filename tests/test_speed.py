@@ -36,7 +36,7 @@ from dpo_inv.data.batches import (
 from dpo_inv.data.dataset import load_records
 from dpo_inv.errors import OptionError
 from dpo_inv.models.features import ProteinFeatures
-from dpo_inv.models.layers import DecLayer, EncLayer
+from dpo_inv.models.layers import DecLayer, EncLayer, cuda_layer_norm_policy
 from dpo_inv.models.mpnn import ProteinMPNN
 from dpo_inv.models.weights import load_model
 from dpo_inv.training.config import DPOConfig
@@ -144,21 +144,10 @@ def test_edges_stay_in_bf16_where_autocast_runs_layer_norms_in_fp32(data, policy
             return policy.encode(**inputs).h_E
 
     cpu_policy = encoded_edges()
-    fp32_layer_norms = torch.library.Library("aten", "IMPL")
-    only_autocast = torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastCPU)
-
-    def layer_norm_in_fp32(input, normalized_shape, weight=None, bias=None, eps=1e-5, cudnn_enable=True):  # noqa: ANN001, ANN202
-        with torch._C._ExcludeDispatchKeyGuard(only_autocast):
-            weight, bias = (None if x is None else x.float() for x in (weight, bias))
-            return torch.ops.aten.layer_norm(input.float(), normalized_shape, weight, bias, eps, cudnn_enable)
-
-    fp32_layer_norms.impl("layer_norm", layer_norm_in_fp32, "AutocastCPU")
-    try:
+    with cuda_layer_norm_policy():
         with torch.autocast("cpu", dtype=torch.bfloat16):
             assert torch.nn.LayerNorm(128)(torch.randn(3, 128, dtype=torch.bfloat16)).dtype == torch.float32
         cuda_policy = encoded_edges()
-    finally:
-        fp32_layer_norms._destroy()
     assert cpu_policy.dtype == cuda_policy.dtype == torch.bfloat16
     assert torch.equal(cpu_policy, cuda_policy)
 

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from dpo_inv.models import fused
-from dpo_inv.models.layers import AutocastLayerNorm, gather_neighbors, gather_nodes, weight
+from dpo_inv.models.layers import AutocastLayerNorm, flat_neighbors, gather_neighbors, gather_nodes, weight
 from dpo_inv.structures.context import periodic_group_and_period
 
 _NUM_RBF = 16
@@ -34,13 +34,18 @@ _RBF_MIN, _RBF_MAX = 2.0, 22.0  # Å: the first and last of the 16 centres
 _RBF_SIGMA = (_RBF_MAX - _RBF_MIN) / _NUM_RBF
 
 
+def _rbf_centres(device: torch.device) -> Tensor:
+    return torch.linspace(_RBF_MIN, _RBF_MAX, _NUM_RBF, device=device)
+
+
 def _rbf(D: Tensor) -> Tensor:
     """Gaussian radial basis expansion of distances (2-22 Å, 16 centres) along a new last axis.
 
     Exponents below -87 are raised to it (values under 2e-38, where ``exp`` is many times slower, none of
     which changes a sum it enters)."""
-    D_mu = torch.linspace(_RBF_MIN, _RBF_MAX, _NUM_RBF, device=D.device)
-    return (D.unsqueeze(-1) - D_mu).div_(_RBF_SIGMA).square_().neg_().clamp_(min=-87.0).exp_()
+    return (
+        (D.unsqueeze(-1) - _rbf_centres(D.device)).div_(_RBF_SIGMA).square_().neg_().clamp_(min=-87.0).exp_()
+    )
 
 
 def _neighbor_rbf(D_neighbors: Tensor, atoms: Tensor, E_idx: Tensor, pairs: Tensor, fuse: bool) -> Tensor:
@@ -49,8 +54,8 @@ def _neighbor_rbf(D_neighbors: Tensor, atoms: Tensor, E_idx: Tensor, pairs: Tens
     ``atoms [B, L, A, 3]``: ``[B, L, K, (1 + P) * 16]``. With ``fuse``, where the device allows, as one
     kernel that writes them in the autocast dtype (:func:`fused.neighbor_rbf`)."""
     if fuse and fused.available(D_neighbors) and not atoms.requires_grad:
-        centres = torch.linspace(_RBF_MIN, _RBF_MAX, _NUM_RBF, device=atoms.device)
-        return fused.neighbor_rbf(D_neighbors, atoms, E_idx, pairs, centres, _RBF_SIGMA)
+        rows = flat_neighbors(E_idx)
+        return fused.neighbor_rbf(D_neighbors, atoms, rows, pairs, _rbf_centres(atoms.device), _RBF_SIGMA)
     B, L, A, _ = atoms.shape
     neighbors = gather_nodes(atoms.reshape(B, L, A * 3), E_idx).view(*E_idx.shape, A, 3)
     diff = atoms[:, :, None].index_select(3, pairs[0]) - neighbors.index_select(3, pairs[1])

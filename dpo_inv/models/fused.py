@@ -225,20 +225,25 @@ message_mlp.register_autograd(_gradients, setup_context=_save_blocks)
 
 
 def neighbor_rbf(
-    D_first: Tensor, atoms: Tensor, E_idx: Tensor, pairs: Tensor, centres: Tensor, sigma: float
+    D_first: Tensor, atoms: Tensor, rows: Tensor, pairs: Tensor, centres: Tensor, sigma: float
 ) -> Tensor:
     """The edges' distance features in one kernel, written in the autocast dtype (bf16), which the plain
     path writes in fp32 for the edge embedding to round: ``out[b, i, k, p, c] = exp(-((D - centres[c]) /
     sigma)^2)`` (exponents clamped at -87), where ``D`` is ``D_first [B, L, K]`` for ``p = 0`` and, for
     ``p >= 1``, the distance between atom ``pairs[0, p - 1]`` of residue ``i`` and atom ``pairs[1, p - 1]``
-    of its neighbour ``E_idx[b, i, k]``, from ``atoms [B, L, A, 3]``: ``[B, L, K, (1 + P) * C]``."""
+    of its neighbour, the row ``rows[b * L + i, k]`` of the flattened ``atoms [B, L, A, 3]``:
+    ``[B, L, K, (1 + P) * C]``."""
     device = atoms.device.type
     dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else atoms.dtype
     B, L, A, _ = atoms.shape
-    offset = torch.arange(0, B * L, L, device=E_idx.device).view(B, 1, 1)
-    rows = (E_idx + offset).flatten()
-    flat = (D_first.float().flatten(), atoms.float().reshape(B * L, A * 3), rows, pairs, centres.float())
-    return rbf_features(*(x.contiguous() for x in flat), sigma, dtype).view(*E_idx.shape, -1)
+    flat = (
+        D_first.float().flatten(),
+        atoms.float().reshape(B * L, A * 3),
+        rows.flatten(),
+        pairs,
+        centres.float(),
+    )
+    return rbf_features(*(x.contiguous() for x in flat), sigma, dtype).view(*D_first.shape, -1)
 
 
 @torch.library.custom_op("dpo_inv::rbf_features", mutates_args=())

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -162,6 +164,26 @@ def weights_in_input_dtype(device: str) -> bool:
     """Whether ``device``'s layer norm takes its weights only in its input's dtype: a CPU's also takes fp32
     weights with bf16 input; CUDA's does not."""
     return device != "cpu"
+
+
+@contextmanager
+def cuda_layer_norm_policy() -> Iterator[None]:
+    """Within: ``aten::layer_norm`` under a CPU's autocast runs in fp32 and writes fp32, as under CUDA's
+    autocast; what the layers write on a GPU, checked and counted on a CPU (``tests/test_speed.py``,
+    ``scripts/bytes_table.py``)."""
+    library = torch.library.Library("aten", "IMPL")
+    autocast = torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastCPU)
+
+    def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5, cudnn_enable=True):  # noqa: ANN001, ANN202
+        with torch._C._ExcludeDispatchKeyGuard(autocast):
+            weight, bias = (None if x is None else x.float() for x in (weight, bias))
+            return torch.ops.aten.layer_norm(input.float(), normalized_shape, weight, bias, eps, cudnn_enable)
+
+    library.impl("layer_norm", layer_norm, "AutocastCPU")
+    try:
+        yield
+    finally:
+        library._destroy()
 
 
 class PositionWiseFeedForward(nn.Module):
