@@ -1,12 +1,13 @@
 """The bytes a DPO step moves per pair, counted operator by operator, for the step of now and of before: the
 table of docs/benchmarks.md, "Bytes a step moves". No GPU needed.
 
-    python scripts/bytes_table.py            # 11 rows, about 15 minutes on two CPU cores
+    python scripts/bytes_table.py            # 12 rows, about 15 minutes on two CPU cores
 
 Each row is one `scripts/benchmark.py` process (one warm-up micro-batch of 2 structures of 150 residues,
 whose operators it counts; `megabytes_moved_per_pair`), with CUDA's autocast policy for layer norms (fp32)
 emulated on the CPU, and the fused kernels run by Triton's interpreter. "Before" rows put back what the
-step of before did: `nn.LayerNorm` for the edges' layer norms, the distance features in plain PyTorch.
+step of before did: `nn.LayerNorm` for the edges' layer norms, the distance features in plain PyTorch, the
+backward kernel's gradients of the edges written in fp32 (and then rounded).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from pathlib import Path
 import torch
 
 import dpo_inv.models.features as features
+import dpo_inv.models.fused as fused
 import dpo_inv.models.layers as layers
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -32,26 +34,32 @@ MEASURED_H100 = {  # pairs/s at batch 128, length 150 (docs/benchmarks.md, "On a
 }  # fmt: skip
 FP32, BF16 = "--mixed_precision no", "--mixed_precision bf16"
 FUSED, PRE = "--fused_kernels true", "--precompute_ref_log_probs"
-# row: (options, nn.LayerNorm for the edges, plain distance features)
+# row: (options, nn.LayerNorm for the edges, plain distance features, the kernels' gradients in fp32)
 ROWS = {
-    "fp32": (FP32, False, False),
-    "bf16, plain layers, before": (BF16, True, False),
-    "bf16, plain layers, the edges' layer norms in bf16": (BF16, False, False),
-    "bf16, fused message MLPs, before": (f"{BF16} {FUSED}", True, True),
-    "bf16, fused, the edges' layer norms in bf16": (f"{BF16} {FUSED}", False, True),
-    "bf16, fused, and the distance features' kernel": (f"{BF16} {FUSED}", False, False),
-    "fp32, precomputed reference": (f"{FP32} {PRE}", False, False),
-    "bf16, plain, precomputed reference, before": (f"{BF16} {PRE}", True, False),
-    "bf16, plain, precomputed reference": (f"{BF16} {PRE}", False, False),
-    "bf16, fused, precomputed reference, before": (f"{BF16} {PRE} {FUSED}", True, True),
-    "bf16, fused, precomputed reference": (f"{BF16} {PRE} {FUSED}", False, False),
+    "fp32": (FP32, False, False, False),
+    "bf16, plain layers, before": (BF16, True, False, False),
+    "bf16, plain layers, the edges' layer norms in bf16": (BF16, False, False, False),
+    "bf16, fused message MLPs, before": (f"{BF16} {FUSED}", True, True, True),
+    "bf16, fused, the edges' layer norms in bf16": (f"{BF16} {FUSED}", False, True, True),
+    "bf16, fused, and the distance features' kernel": (f"{BF16} {FUSED}", False, False, True),
+    "bf16, fused, and the edges' gradients in bf16": (f"{BF16} {FUSED}", False, False, False),
+    "fp32, precomputed reference": (f"{FP32} {PRE}", False, False, False),
+    "bf16, plain, precomputed reference, before": (f"{BF16} {PRE}", True, False, False),
+    "bf16, plain, precomputed reference": (f"{BF16} {PRE}", False, False, False),
+    "bf16, fused, precomputed reference, before": (f"{BF16} {PRE} {FUSED}", True, True, True),
+    "bf16, fused, precomputed reference": (f"{BF16} {PRE} {FUSED}", False, False, False),
 }
 BENCHMARK = "--lengths 150 --batch_sizes 2 --steps 1 --warmup 1 --work_dir outputs/bytes_table"
 
 
 def count(row: str) -> None:
     """In this process: the benchmark of one row."""
-    options, plain_norms, plain_features = ROWS[row]
+    options, plain_norms, plain_features, fp32_gradients = ROWS[row]
+    if fp32_gradients:
+        fused._gradients_out = lambda edges, nodes, edge_out: (
+            (torch.empty if nodes.shape[1] == 1 else torch.zeros)(edges.shape, dtype=torch.float32),
+            torch.empty_like(nodes),
+        )
     if plain_norms:
         layers.AutocastLayerNorm.forward = torch.nn.LayerNorm.forward
     if plain_features:

@@ -50,8 +50,7 @@ KERNELS = {"forward": fused._forward_kernel, "backward": fused._backward_kernel}
 SHARED_MEMORY_KB = {90: 227, 80: 163, 89: 99}  # the most one block may use, by architecture
 POINTERS = {
     "index": "*i64", "scale": "*fp32", "weight": "*fp32", "W2": "*bf16", "b2": "*fp32", "W3": "*bf16",
-    "b3": "*fp32", "d_edges": "*fp32", "d_nodes": "*fp32", "d_table": "*fp32", "d_weights": "*fp32",
-    "d_biases": "*fp32",
+    "b3": "*fp32", "d_table": "*fp32", "d_weights": "*fp32", "d_biases": "*fp32",
 }  # fmt: skip
 
 
@@ -63,6 +62,8 @@ def compiled(kernel: str, form: str, config: triton.Config, arch: int) -> dict[s
     constants = {"N": N, "H": 128, **config.kwargs, "DOT_DTYPE": tl.bfloat16}
     constants.update(zip(("HAS_TABLE", "HAS_SCALE", "HAS_WEIGHT", "EDGE_OUT"), flags, strict=True))
     types = {name: POINTERS.get(name, "*bf16") for name in jit.arg_names} | {"M": "i32", "K": "i32"}
+    if "d_edges" in types and (N > 1 or constants["EDGE_OUT"]):  # as message_mlp_backward allocates it
+        types["d_edges"] = "*fp32"
     options = {"num_warps": config.num_warps, "num_stages": config.num_stages}
     return ptxas_stats(jit, constants, types, K % 16 == 0, arch, options)
 

@@ -166,6 +166,35 @@ def test_the_kernels_are_operators_that_autograd_and_the_compiler_take_whole(for
 
 
 @interpreted
+def test_the_backward_kernel_writes_the_edges_gradient_once_in_their_dtype():
+    """With bf16 blocks, the backward kernel writes the edges' gradient in bf16 where each value is written
+    once (a node sum over one sequence: the encoder's and the context layers' form), and in fp32 where it
+    sums over the sequences (the decoder's) or where the edge update's kernel would spill converting; the
+    gradients autograd returns are in the blocks' dtype, within bf16 rounding of the fp32 ones."""
+    torch.manual_seed(0)
+    R, K, T = 3, 16, 5
+    W2, b2, W3, b3 = (0.1 * torch.randn(H, H), torch.randn(H), 0.1 * torch.randn(H, H), torch.randn(H))
+    index = torch.randint(0, T, (R, K))
+    for N, edge_out, kernel_dtype in (
+        (1, False, torch.bfloat16),
+        (2, False, torch.float32),
+        (1, True, torch.float32),
+    ):
+        blocks = [torch.randn(R, K, H), torch.randn(R, N, H), torch.randn(T, N, H)]
+        weights = (W2, b2, W3, b3) if edge_out else (W2, b2, None, None)
+        low = [x.bfloat16().requires_grad_() for x in blocks]
+        out = fused.message_mlp(*low, index, None, None, *weights)
+        d_out = torch.randn_like(out)
+        d_edges = fused.message_mlp_backward(d_out, *low, index, None, None, *weights)[0]
+        assert d_edges.dtype == kernel_dtype
+        got = torch.autograd.grad(out, low, d_out)
+        high = [x.detach().float().requires_grad_() for x in low]
+        want = torch.autograd.grad(fused.message_mlp(*high, index, None, None, *weights), high, d_out.float())
+        for a, b in zip(got, want, strict=True):
+            assert a.dtype == torch.bfloat16 and relative(a, b) < 2**-7
+
+
+@interpreted
 def test_the_distance_features_kernel_equals_the_plain_features():
     """The edges' 25 RBF-expanded distances of a real structure (2xcjA, 84 residues, 48 neighbours) as one
     kernel: in fp32 the plain path's values; under bf16 autocast written in bf16, each within one bf16 unit

@@ -166,18 +166,18 @@ def message_mlp_backward(
     W3: Tensor | None,
     b3: Tensor | None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """The gradients of :func:`message_mlp`'s blocks and weights, each in its input's dtype: ``edges,
-    nodes, table, W2, b2, W3, b3`` (empty for a ``table`` or ``W3`` that is None). The MLP is recomputed
-    from the blocks, edge by edge."""
+    """The gradients of :func:`message_mlp`'s blocks and weights: ``edges, nodes, table, W2, b2, W3, b3``
+    (empty for a ``table`` or ``W3`` that is None), the edges' and the table's as the kernel wrote them
+    (:func:`_gradients_out`; autograd rounds them to their inputs' dtype), the others in their inputs'
+    dtype. The MLP is recomputed from the blocks, edge by edge."""
     W2k, b2k, W3k, b3k = _weights(_dot_dtype(edges.dtype), W2, b2, W3, b3)
     edge_out = W3 is not None
     R, K, H = edges.shape
     N = nodes.shape[1]
     programs = _num_programs(edges.device)
     f32 = {"device": edges.device, "dtype": torch.float32}
-    d_edges = (torch.empty if N == 1 else torch.zeros)(edges.shape, **f32)  # N > 1: summed over n
-    d_nodes = torch.empty(nodes.shape, **f32)
-    d_table = torch.zeros(table.shape, **f32) if table is not None else d_nodes
+    d_edges, d_nodes = _gradients_out(edges, nodes, edge_out)
+    d_table = torch.zeros(table.shape, **f32) if table is not None else edges.new_empty(0)
     parts = 2 if edge_out else 1
     d_weights = torch.empty(programs, parts, H, H, **f32)
     d_biases = torch.empty(programs, parts, H, **f32)
@@ -189,9 +189,9 @@ def message_mlp_backward(
     d_weights, d_biases = d_weights.sum(0), d_biases.sum(0)
     absent = edges.new_empty  # each absent gradient a tensor of its own: an operator's outputs share nothing
     return (
-        d_edges.to(edges.dtype),
-        d_nodes.to(nodes.dtype),
-        absent(0) if table is None else d_table.to(table.dtype),
+        d_edges,
+        d_nodes,
+        d_table,
         d_weights[0].to(W2.dtype, copy=True),
         d_biases[0].to(b2.dtype, copy=True),
         d_weights[1].to(W3.dtype, copy=True) if edge_out else absent(0),
@@ -199,10 +199,23 @@ def message_mlp_backward(
     )
 
 
+def _gradients_out(edges: Tensor, nodes: Tensor, edge_out: bool) -> tuple[Tensor, Tensor]:
+    """The backward kernel's outputs for the gradients of ``edges`` and ``nodes``: in their dtype where it
+    writes each value once; in fp32 (zeros) where it sums the edges' over several sequences, and in fp32 for
+    the edge update's edges, whose kernel (holding two weight gradients) would spill registers converting.
+    The neighbours' table's gradient, summed with atomic adds, is in fp32."""
+    if nodes.shape[1] > 1:
+        return torch.zeros(edges.shape, device=edges.device, dtype=torch.float32), torch.empty_like(nodes)
+    d_edges = torch.empty(edges.shape, device=edges.device, dtype=torch.float32 if edge_out else edges.dtype)
+    return d_edges, torch.empty_like(nodes)
+
+
 @message_mlp_backward.register_fake
 def _(d_out, edges, nodes, table, index, scale, weight, W2, b2, W3, b3) -> tuple[Tensor, ...]:  # noqa: ANN001
-    inputs = (edges, nodes, table, W2, b2, W3, b3)
-    return tuple(edges.new_empty(0) if x is None else torch.empty_like(x) for x in inputs)
+    d_edges, d_nodes = _gradients_out(edges, nodes, W3 is not None)
+    d_table = edges.new_empty(0) if table is None else table.new_empty(table.shape, dtype=torch.float32)
+    d_weights = (edges.new_empty(0) if x is None else torch.empty_like(x) for x in (W2, b2, W3, b3))
+    return d_edges, d_nodes, d_table, *d_weights
 
 
 def _save_blocks(ctx, inputs: tuple, output: Tensor) -> None:  # noqa: ANN001
@@ -216,8 +229,8 @@ def _gradients(ctx, d_out: Tensor) -> tuple[Tensor | None, ...]:  # noqa: ANN001
     )
     present = W3 is not None
     return (
-        d_edges, d_nodes, d_table if table is not None else None, None, None, None,
-        d_W2, d_b2, d_W3 if present else None, d_b3 if present else None,
+        d_edges.to(edges.dtype), d_nodes, d_table.to(table.dtype) if table is not None else None, None, None,
+        None, d_W2, d_b2, d_W3 if present else None, d_b3 if present else None,
     )  # fmt: skip
 
 
@@ -404,9 +417,9 @@ if triton is not None:
 
     @triton.autotune(
         # per-thread spills on sm_90 (`scripts/fused_check.py --compile_only`): none for (1, 16, 8, 2);
-        # none for (1, 16, 8, 3), (2, 16, 8, 2) and (1, 32, 8, 2) but the edge update's 52-276 bytes;
-        # 0.1-1.5 KB for (4, 16, 8, 2) and (2, 32, 8, 2); tiles on 4 warps, and of 8 x 16 edges, spill
-        # 0.1-3.3 KB and are left out
+        # none for (1, 16, 8, 3), (2, 16, 8, 2) and (1, 32, 8, 2) but the edge update's 24-248 bytes (and
+        # the encoder's 8 at (1, 32, 8, 2)); 0.2-1.5 KB for (4, 16, 8, 2) and (2, 32, 8, 2); tiles on 4
+        # warps, and of 8 x 16 edges, spill 0.7-3.3 KB and are left out
         _configs((1, 16, 8, 2), (1, 16, 8, 3), (2, 16, 8, 2), (1, 32, 8, 2), (4, 16, 8, 2), (2, 32, 8, 2)),
         key=_TUNED_BY,
         reset_to_zero=["d_edges", "d_table"],
@@ -466,7 +479,8 @@ if triton is not None:
                 d_pre = tl.reshape(d_hidden1, [BLOCK_M, BLOCK_K, H]) * _gelu_grad(pre)
                 d_node += tl.sum(d_pre, axis=1)
                 if N == 1:
-                    tl.store(d_edges + edge[:, :, None] * H + h[None, None, :], d_pre, mask=valid[:, :, None])
+                    at_edges = d_edges + edge[:, :, None] * H + h[None, None, :]
+                    tl.store(at_edges, d_pre.to(d_edges.dtype.element_ty), mask=valid[:, :, None])
                 elif BLOCK_M % N == 0 and (N & (N - 1)) == 0:  # a program holds every n of its edges
                     G: tl.constexpr = BLOCK_M // N
                     r = m0 // N + tl.arange(0, G)
@@ -493,7 +507,7 @@ if triton is not None:
                     tl.atomic_add(
                         d_table + row[:, :, None] * H + h[None, None, :], d_neighbour, mask=on[:, :, None]
                     )
-            tl.store(d_nodes + rows, d_node, mask=(m < M)[:, None])
+            tl.store(d_nodes + rows, d_node.to(d_nodes.dtype.element_ty), mask=(m < M)[:, None])
         square = h[:, None] * H + h[None, :]
         parts = 2 if EDGE_OUT else 1
         tl.store(d_weights + pid * parts * H * H + square, d_W2)
