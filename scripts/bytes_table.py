@@ -1,13 +1,14 @@
 """The bytes a DPO step moves per pair, counted operator by operator, for the step of now and of before: the
 table of docs/benchmarks.md, "Bytes a step moves". No GPU needed.
 
-    python scripts/bytes_table.py            # 12 rows, about 15 minutes on two CPU cores
+    python scripts/bytes_table.py            # 13 rows, about 20 minutes on two CPU cores
 
 Each row is one `scripts/benchmark.py` process (one warm-up micro-batch of 2 structures of 150 residues,
 whose operators it counts; `megabytes_moved_per_pair`), with CUDA's autocast policy for layer norms (fp32)
 emulated on the CPU, and the fused kernels run by Triton's interpreter. "Before" rows put back what the
 step of before did: `nn.LayerNorm` for the edges' layer norms, the distance features in plain PyTorch, the
-backward kernel's gradients of the edges written in fp32 (and then rounded).
+backward kernel's gradients of the edges written in fp32 (and then rounded), the decoder's structure blocks
+gathered and added before its kernel.
 """
 
 from __future__ import annotations
@@ -34,27 +35,44 @@ MEASURED_H100 = {  # pairs/s at batch 128, length 150 (docs/benchmarks.md, "On a
 }  # fmt: skip
 FP32, BF16 = "--mixed_precision no", "--mixed_precision bf16"
 FUSED, PRE = "--fused_kernels true", "--precompute_ref_log_probs"
-# row: (options, nn.LayerNorm for the edges, plain distance features, the kernels' gradients in fp32)
+# row: options, then what the step of before did that it puts back: nn.LayerNorm for the edges, the plain
+# distance features, the kernels' edge gradients in fp32, the decoder's structure blocks added before it
 ROWS = {
-    "fp32": (FP32, False, False, False),
-    "bf16, plain layers, before": (BF16, True, False, False),
-    "bf16, plain layers, the edges' layer norms in bf16": (BF16, False, False, False),
-    "bf16, fused message MLPs, before": (f"{BF16} {FUSED}", True, True, True),
-    "bf16, fused, the edges' layer norms in bf16": (f"{BF16} {FUSED}", False, True, True),
-    "bf16, fused, and the distance features' kernel": (f"{BF16} {FUSED}", False, False, True),
-    "bf16, fused, and the edges' gradients in bf16": (f"{BF16} {FUSED}", False, False, False),
-    "fp32, precomputed reference": (f"{FP32} {PRE}", False, False, False),
-    "bf16, plain, precomputed reference, before": (f"{BF16} {PRE}", True, False, False),
-    "bf16, plain, precomputed reference": (f"{BF16} {PRE}", False, False, False),
-    "bf16, fused, precomputed reference, before": (f"{BF16} {PRE} {FUSED}", True, True, True),
-    "bf16, fused, precomputed reference": (f"{BF16} {PRE} {FUSED}", False, False, False),
+    "fp32": (FP32, False, False, False, False),
+    "bf16, plain layers, before": (BF16, True, False, False, False),
+    "bf16, plain layers, the edges' layer norms in bf16": (BF16, False, False, False, False),
+    "bf16, fused message MLPs, before": (f"{BF16} {FUSED}", True, True, True, True),
+    "bf16, fused, the edges' layer norms in bf16": (f"{BF16} {FUSED}", False, True, True, True),
+    "bf16, fused, and the distance features' kernel": (f"{BF16} {FUSED}", False, False, True, True),
+    "bf16, fused, and the edges' gradients in bf16": (f"{BF16} {FUSED}", False, False, False, True),
+    "bf16, fused, and the decoder's neighbours gathered in its kernel": (
+        f"{BF16} {FUSED}",
+        False,
+        False,
+        False,
+        False,
+    ),
+    "fp32, precomputed reference": (f"{FP32} {PRE}", False, False, False, False),
+    "bf16, plain, precomputed reference, before": (f"{BF16} {PRE}", True, False, False, False),
+    "bf16, plain, precomputed reference": (f"{BF16} {PRE}", False, False, False, False),
+    "bf16, fused, precomputed reference, before": (f"{BF16} {PRE} {FUSED}", True, True, True, True),
+    "bf16, fused, precomputed reference": (f"{BF16} {PRE} {FUSED}", False, False, False, False),
 }
 BENCHMARK = "--lengths 150 --batch_sizes 2 --steps 1 --warmup 1 --work_dir outputs/bytes_table"
 
 
 def count(row: str) -> None:
     """In this process: the benchmark of one row."""
-    options, plain_norms, plain_features, fp32_gradients = ROWS[row]
+    options, plain_norms, plain_features, fp32_gradients, structure_added = ROWS[row]
+    if structure_added:
+        message_sum = fused.message_sum
+
+        def added_before(edges, nodes, W2, b2, table=None, index=None, scale=None, weight=None, shared=None):  # noqa: ANN001, ANN202
+            if shared is not None:  # the layer's gather and add, as it did them
+                edges = edges + shared[index]
+            return message_sum(edges, nodes, W2, b2, table, index, scale, weight)
+
+        fused.message_sum = added_before
     if fp32_gradients:
         fused._gradients_out = lambda edges, nodes, edge_out: (
             (torch.empty if nodes.shape[1] == 1 else torch.zeros)(edges.shape, dtype=torch.float32),

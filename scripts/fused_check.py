@@ -38,19 +38,19 @@ from triton.testing import do_bench
 from dpo_inv.models import fused
 from dpo_inv.models.features import ProteinFeatures, _neighbor_rbf
 
-# form: (sequences per structure N, neighbours K, HAS_TABLE, HAS_SCALE, HAS_WEIGHT, EDGE_OUT), as the
-# layers call the kernels
+# form: (sequences per structure N, neighbours K, HAS_TABLE, HAS_SCALE, HAS_WEIGHT, HAS_SHARED, EDGE_OUT), as
+# the layers call the kernels
 FORMS = {
-    "decoder": (2, 48, True, True, False, False),
-    "encoder": (1, 48, True, False, True, False),
-    "edge update": (1, 48, True, False, False, True),
-    "context": (1, 25, False, False, True, False),
+    "decoder": (2, 48, True, True, False, True, False),
+    "encoder": (1, 48, True, False, True, False, False),
+    "edge update": (1, 48, True, False, False, False, True),
+    "context": (1, 25, False, False, True, False, False),
 }
 KERNELS = {"forward": fused._forward_kernel, "backward": fused._backward_kernel}
 SHARED_MEMORY_KB = {90: 227, 80: 163, 89: 99}  # the most one block may use, by architecture
 POINTERS = {
     "index": "*i64", "scale": "*fp32", "weight": "*fp32", "W2": "*bf16", "b2": "*fp32", "W3": "*bf16",
-    "b3": "*fp32", "d_table": "*fp32", "d_weights": "*fp32", "d_biases": "*fp32",
+    "b3": "*fp32", "d_table": "*fp32", "d_shared": "*fp32", "d_weights": "*fp32", "d_biases": "*fp32",
 }  # fmt: skip
 
 
@@ -60,7 +60,7 @@ def compiled(kernel: str, form: str, config: triton.Config, arch: int) -> dict[s
     jit = KERNELS[kernel].fn
     N, K, *flags = FORMS[form]
     constants = {"N": N, "H": 128, **config.kwargs, "DOT_DTYPE": tl.bfloat16}
-    constants.update(zip(("HAS_TABLE", "HAS_SCALE", "HAS_WEIGHT", "EDGE_OUT"), flags, strict=True))
+    constants.update(zip((*fused._OPTIONAL, "EDGE_OUT"), flags, strict=True))
     types = {name: POINTERS.get(name, "*bf16") for name in jit.arg_names} | {"M": "i32", "K": "i32"}
     if "d_edges" in types and (N > 1 or constants["EDGE_OUT"]):  # as message_mlp_backward allocates it
         types["d_edges"] = "*fp32"
@@ -132,23 +132,24 @@ def compile_all(forms: list[str], arch: int, only: triton.Config | None = None) 
     return fits
 
 
-def plain(form: str, edges, nodes, table, index, seen, W2, b2, W3, b3):  # noqa: ANN001
+def plain(form: str, edges, nodes, table, index, seen, shared, W2, b2, W3, b3):  # noqa: ANN001
     """The layers' plain computation of each form."""
     pre = edges[:, :, None] + nodes[:, None]
     if form == "context":
         return (F.gelu(F.linear(F.gelu(pre), W2, b2)) * seen[..., None]).sum(1)
     neighbours = table[index]
     if form == "decoder":
-        return F.gelu(F.linear(F.gelu(pre + seen[..., None] * neighbours), W2, b2)).sum(1)
+        pre = pre + seen[..., None] * neighbours + shared[index][:, :, None]
+        return F.gelu(F.linear(F.gelu(pre), W2, b2)).sum(1)
     hidden = F.gelu(F.linear(F.gelu(pre + neighbours), W2, b2))
     if form == "encoder":
         return (hidden * seen[..., None]).sum(1)
     return F.linear(hidden[:, :, 0], W3, b3)
 
 
-def fused_form(form: str, edges, nodes, table, index, seen, W2, b2, W3, b3):  # noqa: ANN001
+def fused_form(form: str, edges, nodes, table, index, seen, shared, W2, b2, W3, b3):  # noqa: ANN001
     if form == "decoder":
-        return fused.message_sum(edges, nodes, W2, b2, table=table, index=index, scale=seen)
+        return fused.message_sum(edges, nodes, W2, b2, table=table, index=index, scale=seen, shared=shared)
     if form == "encoder":
         return fused.message_sum(edges, nodes, W2, b2, table=table, index=index, weight=seen)
     if form == "context":
@@ -166,19 +167,20 @@ def check(form: str, B: int, L: int, K: int, device: torch.device) -> str:
         return scale * torch.randn(*shape, device=device, generator=generator)
 
     tensors = {
-        "edges": randn(R, K, H), "nodes": randn(R, N, H), "table": randn(R, N, H),
+        "edges": randn(R, K, H), "nodes": randn(R, N, H), "table": randn(R, N, H), "shared": randn(R, H),
         "index": torch.randint(0, R, (R, K), device=device, generator=generator),
         "seen": (torch.rand(R, K, N, device=device, generator=generator) > 0.5).float(),
         "W2": randn(H, H, scale=0.1), "b2": randn(H), "W3": randn(H, H, scale=0.1), "b3": randn(H),
     }  # fmt: skip
     learnt = ("edges", "nodes") + (("table",) if form != "context" else ()) + ("W2", "b2")
+    learnt += ("shared",) if form == "decoder" else ()
     learnt += ("W3", "b3") if form == "edge update" else ()
     for name in learnt:
         tensors[name].requires_grad_()
     expected = plain(form, **tensors)
     grad = torch.randn_like(expected)
     expected_grads = torch.autograd.grad(expected, [tensors[name] for name in learnt], grad)
-    half = {n: (t.detach().bfloat16().requires_grad_() if n in ("edges", "nodes", "table") else t)
+    half = {n: (t.detach().bfloat16().requires_grad_() if n in ("edges", "nodes", "table", "shared") else t)
             for n, t in tensors.items()}  # fmt: skip
     leaves = [half[name] for name in learnt]
     out = fused_form(form, **half)

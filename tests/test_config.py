@@ -1,5 +1,6 @@
 """Configuration: YAML plus command-line overrides, validation, --help, the dpo-inv command."""
 
+import json
 import math
 import re
 import subprocess
@@ -175,17 +176,30 @@ def test_help_lists_every_field_with_its_default():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("command", [command for command in COMMANDS if command != "train"])
-def test_every_command_has_a_description_and_its_name(command):
-    command_line = [sys.executable, "-m", "dpo_inv", command, "--help"]
-    result = subprocess.run(command_line, capture_output=True, text=True)
-    assert result.returncode == 0
-    usage, _, rest = result.stdout.partition("\n\n")
-    assert usage.startswith(f"usage: python -m dpo_inv {command} ")
-    assert rest.startswith(f"`python -m dpo_inv {command}")
-    negations = re.findall(r"--no_(\w+), --no-[\w-]+\n\s+(.*)\n", result.stdout)
-    assert negations or command in ("pairs", "propose", "plot", "scan", "merge")  # no option on by default
-    assert all(text == f"Turn --{name} off." for name, text in negations)
+def test_every_command_has_a_description_and_its_name():
+    """Each command's `--help` as `python -m dpo_inv` prints it: usage, description, negations; all
+    commands in one process (a process each would import torch for each)."""
+    commands = [command for command in COMMANDS if command != "train"]
+    probe = (
+        "import contextlib, io, json, sys\nfrom dpo_inv.commands import main\nhelp = {}\n"
+        "for command in sys.argv[1:]:\n    out = io.StringIO()\n"
+        "    try:\n        with contextlib.redirect_stdout(out):\n"
+        "            main([command, '--help'], 'python -m dpo_inv')\n"
+        "    except SystemExit as end:\n        help[command] = (end.code, out.getvalue())\n"
+        "print(json.dumps(help))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", probe, *commands], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-2000:]
+    printed = json.loads(result.stdout)
+    assert list(printed) == commands
+    for command, (status, text) in printed.items():
+        assert status == 0, command
+        usage, _, rest = text.partition("\n\n")
+        assert usage.startswith(f"usage: python -m dpo_inv {command} ")
+        assert rest.startswith(f"`python -m dpo_inv {command}")
+        negations = re.findall(r"--no_(\w+), --no-[\w-]+\n\s+(.*)\n", text)
+        assert negations or command in ("pairs", "propose", "plot", "scan", "merge")  # none on by default
+        assert all(line == f"Turn --{name} off." for name, line in negations)
 
 
 @pytest.mark.slow

@@ -101,20 +101,23 @@ def leaf(*shape: int, scale: float = 1.0) -> torch.Tensor:
 )
 def test_kernels_equal_the_plain_computation_and_its_gradients(form: str):
     """Every form the layers use, values and gradients in fp32; K not a multiple of the kernels' block, and
-    an odd number of sequences per structure (the atomic path of the edge gradient)."""
+    an odd number of sequences per structure (the atomic path of the edge gradient). The decoder's
+    neighbours' blocks: the visible one scaled per sequence (``table``), the structure's shared by all
+    sequences (``shared``)."""
     torch.manual_seed(0)
     R, T = 7, 11
     K = 25 if "context" in form else 20
     N = 3 if "three" in form else 2 if form == "decoder" else 1
-    edges, nodes, table = leaf(R, K, H), leaf(R, N, H), leaf(T, N, H)
+    edges, nodes, table, shared = leaf(R, K, H), leaf(R, N, H), leaf(T, N, H), leaf(T, H)
     W2, b2, W3, b3 = leaf(H, H, scale=0.1), leaf(H), leaf(H, H, scale=0.1), leaf(H)
     index = torch.randint(0, T, (R, K))
     seen = (torch.rand(R, K, N) > 0.5).float()
     pre = edges[:, :, None] + nodes[:, None]
     leaves = [edges, nodes, table, W2, b2]
     if form.startswith("decoder"):
-        out = fused.message_sum(edges, nodes, W2, b2, table=table, index=index, scale=seen)
-        expected = plain_mlp(pre + seen[..., None] * table[index], W2, b2).sum(1)
+        out = fused.message_sum(edges, nodes, W2, b2, table=table, index=index, scale=seen, shared=shared)
+        expected = plain_mlp(pre + seen[..., None] * table[index] + shared[index][:, :, None], W2, b2).sum(1)
+        leaves.append(shared)
     elif form == "encoder":
         out = fused.message_sum(edges, nodes, W2, b2, table=table, index=index, weight=seen)
         expected = (plain_mlp(pre + table[index], W2, b2) * seen[..., None]).sum(1)
@@ -144,14 +147,14 @@ def test_the_kernels_are_operators_that_autograd_and_the_compiler_take_whole(for
     values and gradients."""
     torch.manual_seed(0)
     R, K, T, N = 5, 20, 9, 2 if form == "decoder" else 1
-    edges, nodes, table = leaf(R, K, H), leaf(R, N, H), leaf(T, N, H)
+    edges, nodes, table, shared = leaf(R, K, H), leaf(R, N, H), leaf(T, N, H), leaf(T, H)
     W2, b2, W3, b3 = leaf(H, H, scale=0.1), leaf(H), leaf(H, H, scale=0.1), leaf(H)
     index = torch.randint(0, T, (R, K))
     seen = (torch.rand(R, K, N) > 0.5).float()
     if form == "decoder":
-        args = (edges, nodes, table, index, seen, None, W2, b2, None, None)
+        args = (edges, nodes, table, index, seen, None, shared, W2, b2, None, None)
     else:
-        args = (edges, nodes, table, index, None, None, W2, b2, W3, b3)
+        args = (edges, nodes, table, index, None, None, None, W2, b2, W3, b3)
     torch.library.opcheck(fused.message_mlp, args)
 
     def loss(*args: torch.Tensor | None) -> torch.Tensor:
@@ -183,13 +186,15 @@ def test_the_backward_kernel_writes_the_edges_gradient_once_in_their_dtype():
         blocks = [torch.randn(R, K, H), torch.randn(R, N, H), torch.randn(T, N, H)]
         weights = (W2, b2, W3, b3) if edge_out else (W2, b2, None, None)
         low = [x.bfloat16().requires_grad_() for x in blocks]
-        out = fused.message_mlp(*low, index, None, None, *weights)
+        out = fused.message_mlp(*low, index, None, None, None, *weights)
         d_out = torch.randn_like(out)
-        d_edges = fused.message_mlp_backward(d_out, *low, index, None, None, *weights)[0]
+        d_edges = fused.message_mlp_backward(d_out, *low, index, None, None, None, *weights)[0]
         assert d_edges.dtype == kernel_dtype
         got = torch.autograd.grad(out, low, d_out)
         high = [x.detach().float().requires_grad_() for x in low]
-        want = torch.autograd.grad(fused.message_mlp(*high, index, None, None, *weights), high, d_out.float())
+        want = torch.autograd.grad(
+            fused.message_mlp(*high, index, None, None, None, *weights), high, d_out.float()
+        )
         for a, b in zip(got, want, strict=True):
             assert a.dtype == torch.bfloat16 and relative(a, b) < 2**-7
 

@@ -4,7 +4,7 @@ Every message-passing layer applies, edge by edge, ``GELU -> linear -> GELU`` to
 map of ``[h_i, h_e, h_j]`` applied block by block. The plain layers write each of these per-edge tensors to
 memory and keep them for the backward pass: at large batches they are what the step spends its time on (it
 is bandwidth-bound). The kernels here assemble ``pre`` per edge from its blocks (an edge block, a node block,
-and a gathered neighbour block scaled by a visibility mask), run the MLP in registers, and write only
+gathered neighbour blocks, one of them scaled by a visibility mask), run the MLP in registers, and write only
 
 - :func:`message_sum`: the (masked) sum of the messages over each node's edges (node updates: the encoder,
   the decoder, LigandMPNN's context layers);
@@ -53,15 +53,18 @@ def message_sum(
     index: Tensor | None = None,
     scale: Tensor | None = None,
     weight: Tensor | None = None,
+    shared: Tensor | None = None,
 ) -> Tensor:
     """``out[r, n] = sum_k weight[r, k, n] * GELU(W2 GELU(pre[r, k, n]) + b2)``, where
-    ``pre[r, k, n] = edges[r, k] + nodes[r, n] + scale[r, k, n] * table[index[r, k], n]``.
+    ``pre[r, k, n] = edges[r, k] + nodes[r, n] + scale[r, k, n] * table[index[r, k], n] +
+    shared[index[r, k]]``.
 
-    ``edges [R, K, H]``; ``nodes [R, N, H]``; ``table [T, N, H]`` and ``index [R, K]`` (optional);
-    ``scale`` and ``weight`` ``[R, K, N]`` (optional: 1). Returns ``[R, N, H]`` in ``edges``' dtype; matrix
-    products run in ``edges``' dtype (bf16 under bf16 autocast), everything else in fp32.
+    ``edges [R, K, H]``; ``nodes [R, N, H]``; ``index [R, K]`` with ``table [T, N, H]`` and (the same for
+    every n) ``shared [T, H]``, each optional; ``scale`` and ``weight`` ``[R, K, N]`` (optional: 1). Returns
+    ``[R, N, H]`` in ``edges``' dtype; matrix products run in ``edges``' dtype (bf16 under bf16 autocast),
+    everything else in fp32.
     """
-    return message_mlp(*_blocks(edges, nodes, table, index, scale, weight), W2, b2, None, None)
+    return message_mlp(*_blocks(edges, nodes, table, index, scale, weight, shared), W2, b2, None, None)
 
 
 def edge_messages(
@@ -69,7 +72,9 @@ def edge_messages(
 ) -> Tensor:
     """``out[r, k] = W3 GELU(W2 GELU(pre[r, k]) + b2) + b3`` with ``pre[r, k] = edges[r, k] + nodes[r] +
     table[index[r, k]]``; ``edges [R, K, H]``, ``nodes [R, H]``, ``table [T, H]``, ``index [R, K]``."""
-    return message_mlp(*_blocks(edges, nodes[:, None], table[:, None], index, None, None), W2, b2, W3, b3)
+    return message_mlp(
+        *_blocks(edges, nodes[:, None], table[:, None], index, None, None, None), W2, b2, W3, b3
+    )
 
 
 def _blocks(
@@ -79,12 +84,14 @@ def _blocks(
     index: Tensor | None,
     scale: Tensor | None,
     weight: Tensor | None,
+    shared: Tensor | None,
 ) -> tuple[Tensor | None, ...]:
     """The blocks of ``pre`` as the kernels read them: contiguous, the index in int64, scale and weight in
     fp32."""
     index = None if index is None else index.to(torch.int64)
     scale, weight = (None if x is None else x.to(torch.float32) for x in (scale, weight))
-    return tuple(None if x is None else x.contiguous() for x in (edges, nodes, table, index, scale, weight))
+    blocks = (edges, nodes, table, index, scale, weight, shared)
+    return tuple(None if x is None else x.contiguous() for x in blocks)
 
 
 def _dot_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -108,8 +115,12 @@ def _pointers(edges: Tensor, *optional: Tensor | None) -> tuple[Tensor, ...]:
     return (edges, *(edges if x is None else x for x in optional))
 
 
-def _flags(table: Tensor | None, scale: Tensor | None, weight: Tensor | None) -> dict[str, bool]:
-    return {"HAS_TABLE": table is not None, "HAS_SCALE": scale is not None, "HAS_WEIGHT": weight is not None}
+def _flags(*blocks: Tensor | None) -> dict[str, bool]:
+    """The kernels' flags for the optional blocks ``table, scale, weight, shared``."""
+    return {name: x is not None for name, x in zip(_OPTIONAL, blocks, strict=True)}
+
+
+_OPTIONAL = ("HAS_TABLE", "HAS_SCALE", "HAS_WEIGHT", "HAS_SHARED")
 
 
 # The kernels as operators: autograd, torch.compile (which keeps them whole, without a graph break) and
@@ -124,6 +135,7 @@ def message_mlp(
     index: Tensor | None,
     scale: Tensor | None,
     weight: Tensor | None,
+    shared: Tensor | None,
     W2: Tensor,
     b2: Tensor,
     W3: Tensor | None,
@@ -135,8 +147,8 @@ def message_mlp(
     out = edges.new_empty(_messages_shape(edges, nodes, W3))
     M = edges.shape[0] * nodes.shape[1]
     _forward_kernel[lambda meta: (triton.cdiv(M, meta["BLOCK_M"]),)](
-        *_pointers(edges, nodes, table, index, scale, weight), *weights, out,
-        M, edges.shape[1], N=nodes.shape[1], H=edges.shape[2], **_flags(table, scale, weight),
+        *_pointers(edges, nodes, table, index, scale, weight, shared), *weights, out,
+        M, edges.shape[1], N=nodes.shape[1], H=edges.shape[2], **_flags(table, scale, weight, shared),
         EDGE_OUT=W3 is not None, DOT_DTYPE=_TL_DTYPE[weights[0].dtype],
     )  # fmt: skip
     return out
@@ -148,7 +160,7 @@ def _messages_shape(edges: Tensor, nodes: Tensor, W3: Tensor | None) -> tuple[in
 
 
 @message_mlp.register_fake
-def _(edges, nodes, table, index, scale, weight, W2, b2, W3, b3) -> Tensor:  # noqa: ANN001
+def _(edges, nodes, table, index, scale, weight, shared, W2, b2, W3, b3) -> Tensor:  # noqa: ANN001
     return edges.new_empty(_messages_shape(edges, nodes, W3))
 
 
@@ -161,15 +173,16 @@ def message_mlp_backward(
     index: Tensor | None,
     scale: Tensor | None,
     weight: Tensor | None,
+    shared: Tensor | None,
     W2: Tensor,
     b2: Tensor,
     W3: Tensor | None,
     b3: Tensor | None,
-) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """The gradients of :func:`message_mlp`'s blocks and weights: ``edges, nodes, table, W2, b2, W3, b3``
-    (empty for a ``table`` or ``W3`` that is None), the edges' and the table's as the kernel wrote them
-    (:func:`_gradients_out`; autograd rounds them to their inputs' dtype), the others in their inputs'
-    dtype. The MLP is recomputed from the blocks, edge by edge."""
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """The gradients of :func:`message_mlp`'s blocks and weights: ``edges, nodes, table, shared, W2, b2,
+    W3, b3`` (empty for a block or ``W3`` that is None); those of the edges and the neighbours' blocks as
+    the kernel wrote them (:func:`_gradients_out`; autograd rounds them to their inputs' dtype), the others
+    in their inputs' dtype. The MLP is recomputed from the blocks, edge by edge."""
     W2k, b2k, W3k, b3k = _weights(_dot_dtype(edges.dtype), W2, b2, W3, b3)
     edge_out = W3 is not None
     R, K, H = edges.shape
@@ -177,14 +190,17 @@ def message_mlp_backward(
     programs = _num_programs(edges.device)
     f32 = {"device": edges.device, "dtype": torch.float32}
     d_edges, d_nodes = _gradients_out(edges, nodes, edge_out)
-    d_table = torch.zeros(table.shape, **f32) if table is not None else edges.new_empty(0)
+    d_table, d_shared = (
+        edges.new_empty(0) if x is None else torch.zeros(x.shape, **f32) for x in (table, shared)
+    )
     parts = 2 if edge_out else 1
     d_weights = torch.empty(programs, parts, H, H, **f32)
     d_biases = torch.empty(programs, parts, H, **f32)
     _backward_kernel[(programs,)](
-        *_pointers(edges, nodes, table, index, scale, weight), W2k, b2k, W3k, b3k,
-        d_out.contiguous(), d_edges, d_nodes, d_table, d_weights, d_biases,
-        R * N, K, N=N, H=H, **_flags(table, scale, weight), EDGE_OUT=edge_out, DOT_DTYPE=_TL_DTYPE[W2k.dtype],
+        *_pointers(edges, nodes, table, index, scale, weight, shared), W2k, b2k, W3k, b3k,
+        d_out.contiguous(), d_edges, d_nodes, d_table, d_shared, d_weights, d_biases,
+        R * N, K, N=N, H=H, **_flags(table, scale, weight, shared), EDGE_OUT=edge_out,
+        DOT_DTYPE=_TL_DTYPE[W2k.dtype],
     )  # fmt: skip
     d_weights, d_biases = d_weights.sum(0), d_biases.sum(0)
     absent = edges.new_empty  # each absent gradient a tensor of its own: an operator's outputs share nothing
@@ -192,6 +208,7 @@ def message_mlp_backward(
         d_edges,
         d_nodes,
         d_table,
+        d_shared,
         d_weights[0].to(W2.dtype, copy=True),
         d_biases[0].to(b2.dtype, copy=True),
         d_weights[1].to(W3.dtype, copy=True) if edge_out else absent(0),
@@ -203,7 +220,7 @@ def _gradients_out(edges: Tensor, nodes: Tensor, edge_out: bool) -> tuple[Tensor
     """The backward kernel's outputs for the gradients of ``edges`` and ``nodes``: in their dtype where it
     writes each value once; in fp32 (zeros) where it sums the edges' over several sequences, and in fp32 for
     the edge update's edges, whose kernel (holding two weight gradients) would spill registers converting.
-    The neighbours' table's gradient, summed with atomic adds, is in fp32."""
+    The neighbours' blocks' gradients, summed with atomic adds, are in fp32."""
     if nodes.shape[1] > 1:
         return torch.zeros(edges.shape, device=edges.device, dtype=torch.float32), torch.empty_like(nodes)
     d_edges = torch.empty(edges.shape, device=edges.device, dtype=torch.float32 if edge_out else edges.dtype)
@@ -211,11 +228,14 @@ def _gradients_out(edges: Tensor, nodes: Tensor, edge_out: bool) -> tuple[Tensor
 
 
 @message_mlp_backward.register_fake
-def _(d_out, edges, nodes, table, index, scale, weight, W2, b2, W3, b3) -> tuple[Tensor, ...]:  # noqa: ANN001
+def _(d_out, edges, nodes, table, index, scale, weight, shared, W2, b2, W3, b3) -> tuple[Tensor, ...]:  # noqa: ANN001
     d_edges, d_nodes = _gradients_out(edges, nodes, W3 is not None)
-    d_table = edges.new_empty(0) if table is None else table.new_empty(table.shape, dtype=torch.float32)
+    d_tables = (
+        edges.new_empty(0) if x is None else x.new_empty(x.shape, dtype=torch.float32)
+        for x in (table, shared)
+    )
     d_weights = (edges.new_empty(0) if x is None else torch.empty_like(x) for x in (W2, b2, W3, b3))
-    return d_edges, d_nodes, d_table, *d_weights
+    return d_edges, d_nodes, *d_tables, *d_weights
 
 
 def _save_blocks(ctx, inputs: tuple, output: Tensor) -> None:  # noqa: ANN001
@@ -223,14 +243,15 @@ def _save_blocks(ctx, inputs: tuple, output: Tensor) -> None:  # noqa: ANN001
 
 
 def _gradients(ctx, d_out: Tensor) -> tuple[Tensor | None, ...]:  # noqa: ANN001
-    edges, nodes, table, index, scale, weight, W2, b2, W3, b3 = ctx.saved_tensors
-    d_edges, d_nodes, d_table, d_W2, d_b2, d_W3, d_b3 = message_mlp_backward(
-        d_out, edges, nodes, table, index, scale, weight, W2, b2, W3, b3
+    edges, nodes, table, index, scale, weight, shared, W2, b2, W3, b3 = ctx.saved_tensors
+    d_edges, d_nodes, d_table, d_shared, d_W2, d_b2, d_W3, d_b3 = message_mlp_backward(
+        d_out, edges, nodes, table, index, scale, weight, shared, W2, b2, W3, b3
     )
     present = W3 is not None
     return (
         d_edges.to(edges.dtype), d_nodes, d_table.to(table.dtype) if table is not None else None, None, None,
-        None, d_W2, d_b2, d_W3 if present else None, d_b3 if present else None,
+        None, d_shared.to(shared.dtype) if shared is not None else None, d_W2, d_b2,
+        d_W3 if present else None, d_b3 if present else None,
     )  # fmt: skip
 
 
@@ -311,7 +332,7 @@ def _configs(*shapes: tuple[int, int, int, int]) -> list:
 _RBF_EDGES = 256 if INTERPRET else 16  # edges per program of the distance features' kernel (interpreted: few)
 
 # each kernel is tuned once per form (flags, sequences per structure, neighbours) and dtype
-_TUNED_BY = ["K", "N", "HAS_TABLE", "HAS_SCALE", "HAS_WEIGHT", "EDGE_OUT", "DOT_DTYPE"]
+_TUNED_BY = ["K", "N", *_OPTIONAL, "EDGE_OUT", "DOT_DTYPE"]
 
 if triton is not None:
     _TL_DTYPE = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
@@ -340,13 +361,13 @@ if triton is not None:
 
     @triton.jit
     def _pre(
-        edges, nodes, table, index, scale, weight, m0, k0, M, K,
+        edges, nodes, table, index, scale, weight, shared, m0, k0, M, K,
         N: tl.constexpr, H: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
-        HAS_TABLE: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_WEIGHT: tl.constexpr,
+        HAS_TABLE: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_SHARED: tl.constexpr,
     ):  # fmt: skip
         """``pre [BLOCK_M, BLOCK_K, H]`` (fp32) of nodes ``m0 + i`` and their edges ``k0 + j``; which of
         them exist and the weight of each message ``[BLOCK_M, BLOCK_K]`` (0 where none); the edges' rows in
-        ``edges``; the neighbours' rows in ``table``."""
+        ``edges``; the neighbours' rows in ``table`` and in ``shared``."""
         m = m0 + tl.arange(0, BLOCK_M)
         k = k0 + tl.arange(0, BLOCK_K)
         h = tl.arange(0, H)
@@ -358,8 +379,14 @@ if triton is not None:
         node = tl.load(nodes + m.to(tl.int64)[:, None] * H + h[None, :], mask=(m < M)[:, None], other=0.0)
         pre = pre.to(tl.float32) + node.to(tl.float32)[:, None, :]
         row = edge
+        shared_row = edge
+        if HAS_TABLE or HAS_SHARED:
+            shared_row = tl.load(index + edge, mask=valid, other=0)
+        if HAS_SHARED:
+            at = shared + shared_row[:, :, None] * H + h[None, None, :]
+            pre += tl.load(at, mask=valid[:, :, None], other=0.0).to(tl.float32)
         if HAS_TABLE:
-            row = tl.load(index + edge, mask=valid, other=0) * N + n[:, None]
+            row = shared_row * N + n[:, None]
             neighbour = tl.load(
                 table + row[:, :, None] * H + h[None, None, :], mask=valid[:, :, None], other=0.0
             )
@@ -370,7 +397,7 @@ if triton is not None:
         factor = valid.to(tl.float32)
         if HAS_WEIGHT:
             factor *= tl.load(weight + edge * N + n[:, None], mask=valid, other=0.0)
-        return pre, valid, factor, edge, row
+        return pre, valid, factor, edge, row, shared_row
 
     @triton.autotune(
         # none spills on sm_90; (8, 16, 8, 2) spilled 0.2-0.3 KB a thread and is left out
@@ -379,9 +406,9 @@ if triton is not None:
     )
     @triton.jit(do_not_specialize=["M"])
     def _forward_kernel(
-        edges, nodes, table, index, scale, weight, W2, b2, W3, b3, out, M, K,
+        edges, nodes, table, index, scale, weight, shared, W2, b2, W3, b3, out, M, K,
         N: tl.constexpr, H: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
-        HAS_TABLE: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_WEIGHT: tl.constexpr,
+        HAS_TABLE: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_SHARED: tl.constexpr,
         EDGE_OUT: tl.constexpr, DOT_DTYPE: tl.constexpr,
     ):  # fmt: skip
         m0 = tl.program_id(0) * BLOCK_M
@@ -395,9 +422,9 @@ if triton is not None:
             bias3 = tl.load(b3 + h).to(tl.float32)
         acc = tl.zeros([BLOCK_M, H], dtype=tl.float32)
         for k0 in range(0, K, BLOCK_K):
-            pre, valid, factor, edge, row = _pre(
-                edges, nodes, table, index, scale, weight, m0, k0, M, K,
-                N, H, BLOCK_M, BLOCK_K, HAS_TABLE, HAS_SCALE, HAS_WEIGHT,
+            pre, valid, factor, edge, row, shared_row = _pre(
+                edges, nodes, table, index, scale, weight, shared, m0, k0, M, K,
+                N, H, BLOCK_M, BLOCK_K, HAS_TABLE, HAS_SCALE, HAS_WEIGHT, HAS_SHARED,
             )  # fmt: skip
             # products as weights x transposed edge rows ([H, H] x [H, rows]): on Hopper each is one
             # warpgroup MMA that reads the weights from shared memory
@@ -418,18 +445,18 @@ if triton is not None:
     @triton.autotune(
         # per-thread spills on sm_90 (`scripts/fused_check.py --compile_only`): none for (1, 16, 8, 2);
         # none for (1, 16, 8, 3), (2, 16, 8, 2) and (1, 32, 8, 2) but the edge update's 24-248 bytes (and
-        # the encoder's 8 at (1, 32, 8, 2)); 0.2-1.5 KB for (4, 16, 8, 2) and (2, 32, 8, 2); tiles on 4
-        # warps, and of 8 x 16 edges, spill 0.7-3.3 KB and are left out
+        # the decoder's 52 at (2, 16, 8, 2), the encoder's 8 at (1, 32, 8, 2)); 0.2-1.5 KB for (4, 16, 8, 2)
+        # and (2, 32, 8, 2); tiles on 4 warps, and of 8 x 16 edges, spill 0.7-3.3 KB and are left out
         _configs((1, 16, 8, 2), (1, 16, 8, 3), (2, 16, 8, 2), (1, 32, 8, 2), (4, 16, 8, 2), (2, 32, 8, 2)),
         key=_TUNED_BY,
-        reset_to_zero=["d_edges", "d_table"],
+        reset_to_zero=["d_edges", "d_table", "d_shared"],
     )
     @triton.jit(do_not_specialize=["M"])
     def _backward_kernel(
-        edges, nodes, table, index, scale, weight, W2, b2, W3, b3,
-        d_out, d_edges, d_nodes, d_table, d_weights, d_biases, M, K,
+        edges, nodes, table, index, scale, weight, shared, W2, b2, W3, b3,
+        d_out, d_edges, d_nodes, d_table, d_shared, d_weights, d_biases, M, K,
         N: tl.constexpr, H: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
-        HAS_TABLE: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_WEIGHT: tl.constexpr,
+        HAS_TABLE: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_SHARED: tl.constexpr,
         EDGE_OUT: tl.constexpr, DOT_DTYPE: tl.constexpr,
     ):  # fmt: skip
         pid = tl.program_id(0)
@@ -452,9 +479,9 @@ if triton is not None:
                 d_sum = tl.load(d_out + rows, mask=(m < M)[:, None], other=0.0).to(tl.float32)
             d_node = tl.zeros([BLOCK_M, H], dtype=tl.float32)
             for k0 in range(0, K, BLOCK_K):
-                pre, valid, factor, edge, row = _pre(
-                    edges, nodes, table, index, scale, weight, m0, k0, M, K,
-                    N, H, BLOCK_M, BLOCK_K, HAS_TABLE, HAS_SCALE, HAS_WEIGHT,
+                pre, valid, factor, edge, row, shared_row = _pre(
+                    edges, nodes, table, index, scale, weight, shared, m0, k0, M, K,
+                    N, H, BLOCK_M, BLOCK_K, HAS_TABLE, HAS_SCALE, HAS_WEIGHT, HAS_SHARED,
                 )  # fmt: skip
                 on = factor > 0
                 # products as weights x transposed edge rows, as in the forward kernel
@@ -485,17 +512,20 @@ if triton is not None:
                     G: tl.constexpr = BLOCK_M // N
                     r = m0 // N + tl.arange(0, G)
                     k = k0 + tl.arange(0, BLOCK_K)
-                    shared = tl.sum(tl.reshape(d_pre, [G, N, BLOCK_K, H]), axis=1)
-                    at_shared = (
+                    summed = tl.sum(tl.reshape(d_pre, [G, N, BLOCK_K, H]), axis=1)
+                    at_summed = (
                         d_edges
                         + (r.to(tl.int64)[:, None] * K + k[None, :])[:, :, None] * H
                         + h[None, None, :]
                     )
-                    tl.store(at_shared, shared, mask=((r * N < M)[:, None] & (k < K)[None, :])[:, :, None])
+                    tl.store(at_summed, summed, mask=((r * N < M)[:, None] & (k < K)[None, :])[:, :, None])
                 else:
                     tl.atomic_add(
                         d_edges + edge[:, :, None] * H + h[None, None, :], d_pre, mask=on[:, :, None]
                     )
+                if HAS_SHARED:
+                    at_shared = d_shared + shared_row[:, :, None] * H + h[None, None, :]
+                    tl.atomic_add(at_shared, d_pre, mask=on[:, :, None])
                 if HAS_TABLE:
                     d_neighbour = d_pre
                     if HAS_SCALE:

@@ -327,15 +327,17 @@ class DecLayer(NodeLayer):
         if positions is None:
             H = h_V.shape[-1]
             W_i, W_e, W_s, W_j = weight(self.W1).split([H, enc.h_E.shape[-1], h_S.shape[-1], H], dim=1)
-            structure = F.linear(enc.h_E, W_e).add_(gather_nodes(F.linear(enc.h_V, W_j), enc.E_idx))
+            edges, neighbours = F.linear(enc.h_E, W_e), F.linear(enc.h_V, W_j)
             visible = F.linear(h_S, W_s) + F.linear(h_V - enc.h_V.unsqueeze(2), W_j)
-            if runs_fused(self, structure):
+            if runs_fused(self, edges):  # the neighbours' blocks gathered in the kernel
                 summed = fused.message_sum(
-                    structure.flatten(0, 1), F.linear(h_V, W_i, self.W1.bias).flatten(0, 1),
+                    edges.flatten(0, 1), F.linear(h_V, W_i, self.W1.bias).flatten(0, 1),
                     weight(self.W2), self.W2.bias, table=visible.flatten(0, 1),
                     index=flat_neighbors(enc.E_idx), scale=mask_bw.flatten(0, 1),
+                    shared=neighbours.flatten(0, 1),
                 ).view_as(h_V)  # fmt: skip
-                return self._update_nodes(h_V, summed, structure.shape[2], enc.mask.unsqueeze(-1))
+                return self._update_nodes(h_V, summed, edges.shape[2], enc.mask.unsqueeze(-1))
+            structure = edges.add_(gather_nodes(neighbours, enc.E_idx))
             visible = gather_nodes(visible, enc.E_idx)
             pre = torch.addcmul(structure.unsqueeze(3), mask_bw.unsqueeze(-1).to(visible.dtype), visible)
             return self._update(h_V, pre, enc.mask.unsqueeze(-1))
