@@ -35,36 +35,32 @@ MEASURED_H100 = {  # pairs/s at batch 128, length 150 (docs/benchmarks.md, "On a
 }  # fmt: skip
 FP32, BF16 = "--mixed_precision no", "--mixed_precision bf16"
 FUSED, PRE = "--fused_kernels true", "--precompute_ref_log_probs"
-# row: options, then what the step of before did that it puts back: nn.LayerNorm for the edges, the plain
-# distance features, the kernels' edge gradients in fp32, the decoder's structure blocks added before it
+# what the step of before did, which its rows put back (count): nn.LayerNorm for the edges, the plain distance
+# features, the kernels' edge gradients in fp32, the decoder's structure blocks gathered and added before it
+BEFORE = frozenset({"norms", "features", "gradients", "structure"})
+# row: (options, what it puts back)
 ROWS = {
-    "fp32": (FP32, False, False, False, False),
-    "bf16, plain layers, before": (BF16, True, False, False, False),
-    "bf16, plain layers, the edges' layer norms in bf16": (BF16, False, False, False, False),
-    "bf16, fused message MLPs, before": (f"{BF16} {FUSED}", True, True, True, True),
-    "bf16, fused, the edges' layer norms in bf16": (f"{BF16} {FUSED}", False, True, True, True),
-    "bf16, fused, and the distance features' kernel": (f"{BF16} {FUSED}", False, False, True, True),
-    "bf16, fused, and the edges' gradients in bf16": (f"{BF16} {FUSED}", False, False, False, True),
-    "bf16, fused, and the decoder's neighbours gathered in its kernel": (
-        f"{BF16} {FUSED}",
-        False,
-        False,
-        False,
-        False,
-    ),
-    "fp32, precomputed reference": (f"{FP32} {PRE}", False, False, False, False),
-    "bf16, plain, precomputed reference, before": (f"{BF16} {PRE}", True, False, False, False),
-    "bf16, plain, precomputed reference": (f"{BF16} {PRE}", False, False, False, False),
-    "bf16, fused, precomputed reference, before": (f"{BF16} {PRE} {FUSED}", True, True, True, True),
-    "bf16, fused, precomputed reference": (f"{BF16} {PRE} {FUSED}", False, False, False, False),
+    "fp32": (FP32, set()),
+    "bf16, plain layers, before": (BF16, {"norms"}),
+    "bf16, plain layers, the edges' layer norms in bf16": (BF16, set()),
+    "bf16, fused message MLPs, before": (f"{BF16} {FUSED}", BEFORE),
+    "bf16, fused, the edges' layer norms in bf16": (f"{BF16} {FUSED}", BEFORE - {"norms"}),
+    "bf16, fused, and the distance features' kernel": (f"{BF16} {FUSED}", {"gradients", "structure"}),
+    "bf16, fused, and the edges' gradients in bf16": (f"{BF16} {FUSED}", {"structure"}),
+    "bf16, fused, and the decoder's neighbours gathered in its kernel": (f"{BF16} {FUSED}", set()),
+    "fp32, precomputed reference": (f"{FP32} {PRE}", set()),
+    "bf16, plain, precomputed reference, before": (f"{BF16} {PRE}", {"norms"}),
+    "bf16, plain, precomputed reference": (f"{BF16} {PRE}", set()),
+    "bf16, fused, precomputed reference, before": (f"{BF16} {PRE} {FUSED}", BEFORE),
+    "bf16, fused, precomputed reference": (f"{BF16} {PRE} {FUSED}", set()),
 }
 BENCHMARK = "--lengths 150 --batch_sizes 2 --steps 1 --warmup 1 --work_dir outputs/bytes_table"
 
 
 def count(row: str) -> None:
     """In this process: the benchmark of one row."""
-    options, plain_norms, plain_features, fp32_gradients, structure_added = ROWS[row]
-    if structure_added:
+    options, put_back = ROWS[row]
+    if "structure" in put_back:
         message_sum = fused.message_sum
 
         def added_before(edges, nodes, W2, b2, table=None, index=None, scale=None, weight=None, shared=None):  # noqa: ANN001, ANN202
@@ -73,14 +69,14 @@ def count(row: str) -> None:
             return message_sum(edges, nodes, W2, b2, table, index, scale, weight)
 
         fused.message_sum = added_before
-    if fp32_gradients:
+    if "gradients" in put_back:
         fused._gradients_out = lambda edges, nodes, edge_out: (
             (torch.empty if nodes.shape[1] == 1 else torch.zeros)(edges.shape, dtype=torch.float32),
             torch.empty_like(nodes),
         )
-    if plain_norms:
+    if "norms" in put_back:
         layers.AutocastLayerNorm.forward = torch.nn.LayerNorm.forward
-    if plain_features:
+    if "features" in put_back:
         plain = features._neighbor_rbf
         features._neighbor_rbf = lambda D, atoms, E_idx, pairs, fuse: plain(D, atoms, E_idx, pairs, False)
     sys.argv = ["benchmark.py", *BENCHMARK.split(), *options.split()]
