@@ -1,14 +1,14 @@
 """The bytes a DPO step moves per pair, counted operator by operator, for the step of now and of before: the
 table of docs/benchmarks.md, "Bytes a step moves". No GPU needed.
 
-    python scripts/bytes_table.py            # 13 rows, about 20 minutes on two CPU cores
+    python scripts/bytes_table.py            # 14 rows, about 20 minutes on two CPU cores
 
 Each row is one `scripts/benchmark.py` process (one warm-up micro-batch of 2 structures of 150 residues,
 whose operators it counts; `megabytes_moved_per_pair`), with CUDA's autocast policy for layer norms (fp32)
 emulated on the CPU, and the fused kernels run by Triton's interpreter. "Before" rows put back what the
 step of before did: `nn.LayerNorm` for the edges' layer norms, the distance features in plain PyTorch, the
 backward kernel's gradients of the edges written in fp32 (and then rounded), the decoder's structure blocks
-gathered and added before its kernel.
+gathered and added before its kernel, the edge update's residual and layer norm after its kernel.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 
 import torch
+from torch.func import functional_call
 
 import dpo_inv.models.features as features
 import dpo_inv.models.fused as fused
@@ -36,8 +37,9 @@ MEASURED_H100 = {  # pairs/s at batch 128, length 150 (docs/benchmarks.md, "On a
 FP32, BF16 = "--mixed_precision no", "--mixed_precision bf16"
 FUSED, PRE = "--fused_kernels true", "--precompute_ref_log_probs"
 # what the step of before did, which its rows put back (count): nn.LayerNorm for the edges, the plain distance
-# features, the kernels' edge gradients in fp32, the decoder's structure blocks gathered and added before it
-BEFORE = frozenset({"norms", "features", "gradients", "structure"})
+# features, the kernels' edge gradients in fp32, the decoder's structure blocks gathered and added before it,
+# the edge update's residual and layer norm after its kernel
+BEFORE = frozenset({"norms", "features", "gradients", "structure", "epilogue"})
 # row: (options, what it puts back)
 ROWS = {
     "fp32": (FP32, set()),
@@ -45,9 +47,10 @@ ROWS = {
     "bf16, plain layers, the edges' layer norms in bf16": (BF16, set()),
     "bf16, fused message MLPs, before": (f"{BF16} {FUSED}", BEFORE),
     "bf16, fused, the edges' layer norms in bf16": (f"{BF16} {FUSED}", BEFORE - {"norms"}),
-    "bf16, fused, and the distance features' kernel": (f"{BF16} {FUSED}", {"gradients", "structure"}),
-    "bf16, fused, and the edges' gradients in bf16": (f"{BF16} {FUSED}", {"structure"}),
-    "bf16, fused, and the decoder's neighbours gathered in its kernel": (f"{BF16} {FUSED}", set()),
+    "bf16, fused, and the distance features' kernel": (f"{BF16} {FUSED}", BEFORE - {"norms", "features"}),
+    "bf16, fused, and the edges' gradients in bf16": (f"{BF16} {FUSED}", {"structure", "epilogue"}),
+    "bf16, fused, and the decoder's neighbours gathered in its kernel": (f"{BF16} {FUSED}", {"epilogue"}),
+    "bf16, fused, and the edge update's residual and layer norm in its kernel": (f"{BF16} {FUSED}", set()),
     "fp32, precomputed reference": (f"{FP32} {PRE}", set()),
     "bf16, plain, precomputed reference, before": (f"{BF16} {PRE}", {"norms"}),
     "bf16, plain, precomputed reference": (f"{BF16} {PRE}", set()),
@@ -74,6 +77,15 @@ def count(row: str) -> None:
             (torch.empty if nodes.shape[1] == 1 else torch.zeros)(edges.shape, dtype=torch.float32),
             torch.empty_like(nodes),
         )
+    if "epilogue" in put_back:  # the messages written, then added and normalised by the layer's norm
+        norm = layers.AutocastLayerNorm(128)
+
+        def normalised_after(*args):  # noqa: ANN002, ANN202
+            *mlp, residual, weight, bias, eps = args
+            summed = residual + fused.edge_messages(*mlp)
+            return functional_call(norm, {"weight": weight, "bias": bias}, (summed,))
+
+        fused.edge_update = normalised_after
     if "norms" in put_back:
         layers.AutocastLayerNorm.forward = torch.nn.LayerNorm.forward
     if "features" in put_back:

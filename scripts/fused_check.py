@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
+from torch.func import functional_call
 from triton.backends.compiler import GPUTarget
 from triton.backends.nvidia.compiler import get_ptxas
 from triton.compiler import ASTSource
@@ -37,20 +38,23 @@ from triton.testing import do_bench
 
 from dpo_inv.models import fused
 from dpo_inv.models.features import ProteinFeatures, _neighbor_rbf
+from dpo_inv.models.layers import AutocastLayerNorm
 
-# form: (sequences per structure N, neighbours K, HAS_TABLE, HAS_SCALE, HAS_WEIGHT, HAS_SHARED, EDGE_OUT), as
-# the layers call the kernels
+# form: (sequences per structure N, neighbours K, HAS_TABLE, HAS_SCALE, HAS_WEIGHT, HAS_SHARED, EDGE_OUT,
+# NORM), as the layers call the kernels in training (the edge update with its residual and layer norm)
 FORMS = {
-    "decoder": (2, 48, True, True, False, True, False),
-    "encoder": (1, 48, True, False, True, False, False),
-    "edge update": (1, 48, True, False, False, False, True),
-    "context": (1, 25, False, False, True, False, False),
+    "decoder": (2, 48, True, True, False, True, False, False),
+    "encoder": (1, 48, True, False, True, False, False, False),
+    "edge update": (1, 48, True, False, False, False, True, True),
+    "context": (1, 25, False, False, True, False, False, False),
 }
+EDGE_NORM = AutocastLayerNorm(128)  # the edge update's layer norm, as the layer applies it (parameters given)
 KERNELS = {"forward": fused._forward_kernel, "backward": fused._backward_kernel}
 SHARED_MEMORY_KB = {90: 227, 80: 163, 89: 99}  # the most one block may use, by architecture
 POINTERS = {
     "index": "*i64", "scale": "*fp32", "weight": "*fp32", "W2": "*bf16", "b2": "*fp32", "W3": "*bf16",
     "b3": "*fp32", "d_table": "*fp32", "d_shared": "*fp32", "d_weights": "*fp32", "d_biases": "*fp32",
+    "means": "*fp32", "rstds": "*fp32", "eps": "fp32",
 }  # fmt: skip
 
 
@@ -60,7 +64,10 @@ def compiled(kernel: str, form: str, config: triton.Config, arch: int) -> dict[s
     jit = KERNELS[kernel].fn
     N, K, *flags = FORMS[form]
     constants = {"N": N, "H": 128, **config.kwargs, "DOT_DTYPE": tl.bfloat16}
+    *flags, norm = flags
     constants.update(zip((*fused._OPTIONAL, "EDGE_OUT"), flags, strict=True))
+    if kernel == "forward":  # in training the layer norm's inputs are kept for the backward pass
+        constants.update(NORM=norm, KEEP=norm)
     types = {name: POINTERS.get(name, "*bf16") for name in jit.arg_names} | {"M": "i32", "K": "i32"}
     if "d_edges" in types:  # in the dtype message_mlp_backward allocates for bf16 blocks
         blocks = (torch.empty(1, n, 128, dtype=torch.bfloat16, device="meta") for n in (K, N))
@@ -134,7 +141,9 @@ def compile_all(forms: list[str], arch: int, only: triton.Config | None = None) 
     return fits
 
 
-def plain(form: str, edges, nodes, table, index, seen, shared, W2, b2, W3, b3):  # noqa: ANN001
+def plain(
+    form: str, edges, nodes, table, index, seen, shared, W2, b2, W3, b3, residual, norm_weight, norm_bias
+):  # noqa: ANN001
     """The layers' plain computation of each form."""
     pre = edges[:, :, None] + nodes[:, None]
     if form == "context":
@@ -146,17 +155,21 @@ def plain(form: str, edges, nodes, table, index, seen, shared, W2, b2, W3, b3): 
     hidden = F.gelu(F.linear(F.gelu(pre + neighbours), W2, b2))
     if form == "encoder":
         return (hidden * seen[..., None]).sum(1)
-    return F.linear(hidden[:, :, 0], W3, b3)
+    norm = {"weight": norm_weight, "bias": norm_bias}
+    return functional_call(EDGE_NORM, norm, (residual + F.linear(hidden[:, :, 0], W3, b3),))
 
 
-def fused_form(form: str, edges, nodes, table, index, seen, shared, W2, b2, W3, b3):  # noqa: ANN001
+def fused_form(
+    form: str, edges, nodes, table, index, seen, shared, W2, b2, W3, b3, residual, norm_weight, norm_bias
+):  # noqa: ANN001
     if form == "decoder":
         return fused.message_sum(edges, nodes, W2, b2, table=table, index=index, scale=seen, shared=shared)
     if form == "encoder":
         return fused.message_sum(edges, nodes, W2, b2, table=table, index=index, weight=seen)
     if form == "context":
         return fused.message_sum(edges, nodes, W2, b2, weight=seen)
-    return fused.edge_messages(edges, nodes[:, 0], table[:, 0], index, W2, b2, W3, b3)
+    norm = (x.to(edges.dtype) for x in (norm_weight, norm_bias))  # rounded as the layer rounds them on CUDA
+    return fused.edge_update(edges, nodes[:, 0], table[:, 0], index, W2, b2, W3, b3, residual, *norm, 1e-5)
 
 
 def check(form: str, B: int, L: int, K: int, device: torch.device) -> str:
@@ -173,16 +186,18 @@ def check(form: str, B: int, L: int, K: int, device: torch.device) -> str:
         "index": torch.randint(0, R, (R, K), device=device, generator=generator),
         "seen": (torch.rand(R, K, N, device=device, generator=generator) > 0.5).float(),
         "W2": randn(H, H, scale=0.1), "b2": randn(H), "W3": randn(H, H, scale=0.1), "b3": randn(H),
+        "residual": randn(R, K, H), "norm_weight": 1 + randn(H, scale=0.1), "norm_bias": randn(H, scale=0.1),
     }  # fmt: skip
     learnt = ("edges", "nodes") + (("table",) if form != "context" else ()) + ("W2", "b2")
     learnt += ("shared",) if form == "decoder" else ()
-    learnt += ("W3", "b3") if form == "edge update" else ()
+    learnt += ("W3", "b3", "residual", "norm_weight", "norm_bias") if form == "edge update" else ()
     for name in learnt:
         tensors[name].requires_grad_()
     expected = plain(form, **tensors)
     grad = torch.randn_like(expected)
     expected_grads = torch.autograd.grad(expected, [tensors[name] for name in learnt], grad)
-    half = {n: (t.detach().bfloat16().requires_grad_() if n in ("edges", "nodes", "table", "shared") else t)
+    blocks = ("edges", "nodes", "table", "shared", "residual")
+    half = {n: (t.detach().bfloat16().requires_grad_() if n in blocks else t)
             for n, t in tensors.items()}  # fmt: skip
     leaves = [half[name] for name in learnt]
     out = fused_form(form, **half)

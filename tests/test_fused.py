@@ -97,13 +97,21 @@ def leaf(*shape: int, scale: float = 1.0) -> torch.Tensor:
 
 @interpreted
 @pytest.mark.parametrize(
-    "form", ["decoder", "decoder, three sequences", "encoder", "context, 25 entries", "edge update"]
+    "form",
+    [
+        "decoder",
+        "decoder, three sequences",
+        "encoder",
+        "context, 25 entries",
+        "edge update",
+        "edge update, normed",
+    ],
 )
 def test_kernels_equal_the_plain_computation_and_its_gradients(form: str):
     """Every form the layers use, values and gradients in fp32; K not a multiple of the kernels' block, and
     an odd number of sequences per structure (the atomic path of the edge gradient). The decoder's
     neighbours' blocks: the visible one scaled per sequence (``table``), the structure's shared by all
-    sequences (``shared``)."""
+    sequences (``shared``). The edge update also with its residual and layer norm in the kernel."""
     torch.manual_seed(0)
     R, T = 7, 11
     K = 25 if "context" in form else 20
@@ -125,10 +133,19 @@ def test_kernels_equal_the_plain_computation_and_its_gradients(form: str):
         out = fused.message_sum(edges, nodes, W2, b2, weight=seen)
         expected = (plain_mlp(pre, W2, b2) * seen[..., None]).sum(1)
         leaves = [edges, nodes, W2, b2]
-    else:
+    elif form == "edge update":
         out = fused.edge_messages(edges, nodes[:, 0], table[:, 0], index, W2, b2, W3, b3)
         expected = F.linear(plain_mlp((pre + table[index])[:, :, 0], W2, b2), W3, b3)
         leaves += [W3, b3]
+    else:
+        residual, norm = leaf(R, K, H), (1.0 + leaf(H, scale=0.1), leaf(H, scale=0.1))
+        blocks = (edges, nodes[:, 0], table[:, 0], index, W2, b2, W3, b3, residual, *norm, 1e-5)
+        out = fused.edge_update(*blocks)
+        with torch.no_grad():  # the reference's forward pass, which keeps nothing for a backward one
+            assert torch.equal(fused.edge_update(*blocks), out)
+        messages = F.linear(plain_mlp((pre + table[index])[:, :, 0], W2, b2), W3, b3)
+        expected = F.layer_norm(residual + messages, (H,), *norm)
+        leaves += [W3, b3, residual, *norm]
     assert out.shape == expected.shape
     assert relative(out, expected) < 1e-6
     grad = torch.randn_like(expected)
@@ -139,29 +156,34 @@ def test_kernels_equal_the_plain_computation_and_its_gradients(form: str):
 
 
 @interpreted
-@pytest.mark.parametrize("form", ["decoder", "edge update"])
+@pytest.mark.parametrize("form", ["decoder", "edge update", "edge update, normed"])
 def test_the_kernels_are_operators_that_autograd_and_the_compiler_take_whole(form: str):
-    """Each kernel is one operator (`dpo_inv::message_mlp`, its backward `dpo_inv::message_mlp_backward`):
-    `torch.library.opcheck` checks its schema, shapes without running it (fake tensors), autograd and
-    AOT dispatch; a compiled function that calls it is one graph, without a break, and gives eager's
-    values and gradients."""
+    """Each kernel is one operator (`dpo_inv::message_mlp`, its backward `dpo_inv::message_mlp_backward`;
+    the edge update with its layer norm `dpo_inv::edge_update`): `torch.library.opcheck` checks its
+    schema, shapes without running it (fake tensors), autograd and AOT dispatch; a compiled function that
+    calls it is one graph, without a break, and gives eager's values and gradients."""
     torch.manual_seed(0)
     R, K, T, N = 5, 20, 9, 2 if form == "decoder" else 1
     edges, nodes, table, shared = leaf(R, K, H), leaf(R, N, H), leaf(T, N, H), leaf(T, H)
     W2, b2, W3, b3 = leaf(H, H, scale=0.1), leaf(H), leaf(H, H, scale=0.1), leaf(H)
     index = torch.randint(0, T, (R, K))
     seen = (torch.rand(R, K, N) > 0.5).float()
+    op = fused.message_mlp
     if form == "decoder":
         args = (edges, nodes, table, index, seen, None, shared, W2, b2, None, None)
-    else:
+    elif form == "edge update":
         args = (edges, nodes, table, index, None, None, None, W2, b2, W3, b3)
-    torch.library.opcheck(fused.message_mlp, args)
+    else:
+        op, norm = fused.normed_edge_messages, (leaf(R, K, H), 1.0 + leaf(H, scale=0.1), leaf(H, scale=0.1))
+        args = (edges, nodes, table, index, W2, b2, W3, b3, *norm, 1e-5, True)
+    torch.library.opcheck(op, args)
 
     def loss(*args: torch.Tensor | None) -> torch.Tensor:
-        return fused.message_mlp(*args).square().sum()
+        out = op(*args)
+        return (out if op is fused.message_mlp else out[0]).square().sum()
 
     assert torch._dynamo.explain(loss)(*args).graph_break_count == 0
-    leaves = [x for x in args if x is not None and x.requires_grad]
+    leaves = [x for x in args if isinstance(x, torch.Tensor) and x.requires_grad]
     want = torch.autograd.grad(loss(*args), leaves)
     got = torch.autograd.grad(torch.compile(loss, backend="aot_eager", fullgraph=True)(*args), leaves)
     for a, b in zip(got, want, strict=True):
@@ -267,7 +289,8 @@ def test_models_with_fused_kernels_equal_the_plain_layers(name: str, monkeypatch
     """Whole models on real structures, every layer fused (LigandMPNN's context layers too): in fp32 the
     log-probs and gradients of the plain layers, which equal the official code's (test_model, test_ligand);
     in bf16 (ProteinMPNN) the fp32 ones within the tolerances of the trainer's bf16 test (test_speed). The
-    fused path is taken only when turned on: by each encoder layer's two MLPs and each decoder layer's."""
+    fused path is taken only when turned on: by each encoder layer's two MLPs (the edge update's with its
+    residual and layer norm) and each decoder layer's."""
     torch.manual_seed(0)
     model = load_model(name).eval()
     fused_model = copy.deepcopy(model)
@@ -275,13 +298,16 @@ def test_models_with_fused_kernels_equal_the_plain_layers(name: str, monkeypatch
     batch = designed(name)
     assert name.startswith("vanilla") or batch["context_mask"].any()
     calls = []
-    original = fused.message_mlp
-    monkeypatch.setattr(fused, "message_mlp", lambda *args: calls.append(1) or original(*args))
+    for op in ("message_mlp", "normed_edge_messages"):
+        original = getattr(fused, op)
+        monkeypatch.setattr(
+            fused, op, lambda *args, op=op, original=original: calls.append(op) or original(*args)
+        )
     logps, gradient = step(model, batch, "no")
     assert calls == []  # off by default
     logps_fused, gradient_fused = step(fused_model, batch, "no")
     if name.startswith("vanilla"):
-        assert len(calls) == 3 * 2 + 3
+        assert sorted(calls) == ["message_mlp"] * 6 + ["normed_edge_messages"] * 3
     assert (logps_fused - logps).abs().max() < 1e-3  # sums of ~90 log-probs, each within 1e-5
     assert relative(gradient_fused, gradient) < 1e-5
     if name.startswith("ligand"):

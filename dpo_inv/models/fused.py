@@ -8,7 +8,8 @@ gathered neighbour blocks, one of them scaled by a visibility mask), run the MLP
 
 - :func:`message_sum`: the (masked) sum of the messages over each node's edges (node updates: the encoder,
   the decoder, LigandMPNN's context layers);
-- :func:`edge_messages`: the last linear map of the MLP applied per edge (the encoder's edge update).
+- :func:`edge_messages`: the last linear map of the MLP applied per edge (the encoder's edge update);
+  :func:`edge_update` also adds them to the edges and normalises the sums (its residual and layer norm).
 
 Their backward passes recompute the MLP from the same blocks. The kernels run on CUDA devices where Triton
 is installed, and on the CPU under Triton's interpreter (``TRITON_INTERPRET=1``), where the tests compare
@@ -77,6 +78,30 @@ def edge_messages(
     )
 
 
+def edge_update(
+    edges: Tensor,
+    nodes: Tensor,
+    table: Tensor,
+    index: Tensor,
+    W2: Tensor,
+    b2: Tensor,
+    W3: Tensor,
+    b3: Tensor,
+    residual: Tensor,
+    norm_weight: Tensor,
+    norm_bias: Tensor,
+    eps: float,
+) -> Tensor:
+    """``layer_norm(residual + edge_messages(...))`` over the last dimension: the edge update with its
+    residual and layer norm in the kernel, which writes the normalised edges instead of the messages (and,
+    where autograd will need them, the sums and their mean and reciprocal deviation, which the layer norm's
+    backward pass reads). The messages and the sums are rounded to ``edges``' dtype, as the plain layer
+    rounds them; ``residual [R, K, H]``, ``norm_weight`` and ``norm_bias [H]``."""
+    blocks = _blocks(edges, nodes[:, None], table[:, None], index, None, None, None)
+    norm = (residual.contiguous(), norm_weight, norm_bias)
+    return normed_edge_messages(*blocks[:4], W2, b2, W3, b3, *norm, eps, torch.is_grad_enabled())[0]
+
+
 def _blocks(
     edges: Tensor,
     nodes: Tensor,
@@ -143,15 +168,37 @@ def message_mlp(
 ) -> Tensor:
     """Both kernels' forward pass on blocks from :func:`_blocks`: ``W3`` None, the summed messages
     ``[R, N, H]`` (:func:`message_sum`), else the per-edge ones ``[R, K, H]`` (:func:`edge_messages`)."""
-    weights = _weights(_dot_dtype(edges.dtype), W2, b2, W3, b3)
     out = edges.new_empty(_messages_shape(edges, nodes, W3))
+    _forward(edges, nodes, table, index, scale, weight, shared, W2, b2, W3, b3, out)
+    return out
+
+
+def _forward(
+    edges: Tensor,
+    nodes: Tensor,
+    table: Tensor | None,
+    index: Tensor | None,
+    scale: Tensor | None,
+    weight: Tensor | None,
+    shared: Tensor | None,
+    W2: Tensor,
+    b2: Tensor,
+    W3: Tensor | None,
+    b3: Tensor | None,
+    out: Tensor,
+    norm: tuple[Tensor, ...] = (),
+    eps: float = 0.0,
+) -> None:
+    """The forward kernel into ``out``; with ``norm`` (residual, weight, bias, then, to keep them, the sums
+    and their means and reciprocal deviations), the edge update's residual and layer norm in its epilogue."""
+    weights = _weights(_dot_dtype(edges.dtype), W2, b2, W3, b3)
     M = edges.shape[0] * nodes.shape[1]
     _forward_kernel[lambda meta: (triton.cdiv(M, meta["BLOCK_M"]),)](
         *_pointers(edges, nodes, table, index, scale, weight, shared), *weights, out,
+        *(norm + (edges,) * (6 - len(norm))), eps,
         M, edges.shape[1], N=nodes.shape[1], H=edges.shape[2], **_flags(table, scale, weight, shared),
-        EDGE_OUT=W3 is not None, DOT_DTYPE=_TL_DTYPE[weights[0].dtype],
+        EDGE_OUT=W3 is not None, NORM=bool(norm), KEEP=len(norm) == 6, DOT_DTYPE=_TL_DTYPE[weights[0].dtype],
     )  # fmt: skip
-    return out
 
 
 def _messages_shape(edges: Tensor, nodes: Tensor, W3: Tensor | None) -> tuple[int, int, int]:
@@ -256,6 +303,70 @@ def _gradients(ctx, d_out: Tensor) -> tuple[Tensor | None, ...]:  # noqa: ANN001
 
 
 message_mlp.register_autograd(_gradients, setup_context=_save_blocks)
+
+
+@torch.library.custom_op("dpo_inv::edge_update", mutates_args=())
+def normed_edge_messages(
+    edges: Tensor,
+    nodes: Tensor,
+    table: Tensor,
+    index: Tensor,
+    W2: Tensor,
+    b2: Tensor,
+    W3: Tensor,
+    b3: Tensor,
+    residual: Tensor,
+    norm_weight: Tensor,
+    norm_bias: Tensor,
+    eps: float,
+    keep: bool,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """:func:`edge_update` on blocks from :func:`_blocks`: the normalised edges ``[R, K, H]``; with ``keep``
+    the sums ``[R, K, H]`` and their means and reciprocal deviations ``[R, K, 1]`` (fp32) for the backward
+    pass, else empty tensors."""
+    out, *kept = _normed_outputs(edges, keep)
+    norm = (residual, norm_weight, norm_bias, *kept) if keep else (residual, norm_weight, norm_bias)
+    _forward(edges, nodes, table, index, None, None, None, W2, b2, W3, b3, out, norm, eps)
+    return out, *kept
+
+
+def _normed_outputs(edges: Tensor, keep: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    if not keep:
+        return edges.new_empty(edges.shape), *(edges.new_empty(0) for _ in range(3))
+    statistics = (edges.new_empty((*edges.shape[:2], 1), dtype=torch.float32) for _ in range(2))
+    return edges.new_empty(edges.shape), edges.new_empty(edges.shape), *statistics
+
+
+@normed_edge_messages.register_fake
+def _(edges, nodes, table, index, W2, b2, W3, b3, residual, norm_weight, norm_bias, eps, keep) -> tuple:  # noqa: ANN001
+    return _normed_outputs(edges, keep)
+
+
+def _save_normed(ctx, inputs: tuple, output: tuple) -> None:  # noqa: ANN001
+    ctx.set_materialize_grads(False)  # the kept outputs take no gradient: none to fill with zeros
+    ctx.save_for_backward(*inputs[:11], *output[1:])
+
+
+def _normed_gradients(ctx, d_out: Tensor, *unused: Tensor) -> tuple[Tensor | None, ...]:  # noqa: ANN001
+    """The layer norm's backward pass on the sums the kernel kept, then the edge update's kernel on the
+    gradient of the sums, which is also the residual's."""
+    edges, nodes, table, index, W2, b2, W3, b3, residual, norm_weight, norm_bias, *kept = ctx.saved_tensors
+    sums, mean, rstd = kept
+    if sums.device.type == "cpu":  # a CPU's layer norm reads them in its weight's dtype, CUDA's in fp32
+        mean, rstd = mean.to(norm_weight.dtype), rstd.to(norm_weight.dtype)
+    d_sums, d_norm_weight, d_norm_bias = torch.ops.aten.native_layer_norm_backward(
+        d_out, sums, sums.shape[-1:], mean, rstd, norm_weight, norm_bias, [True, True, True]
+    )
+    d_edges, d_nodes, d_table, _, d_W2, d_b2, d_W3, d_b3 = message_mlp_backward(
+        d_sums, edges, nodes, table, index, None, None, None, W2, b2, W3, b3
+    )
+    return (
+        d_edges.to(edges.dtype), d_nodes, d_table.to(table.dtype), None, d_W2, d_b2, d_W3, d_b3,
+        d_sums.to(residual.dtype), d_norm_weight, d_norm_bias, None, None,
+    )  # fmt: skip
+
+
+normed_edge_messages.register_autograd(_normed_gradients, setup_context=_save_normed)
 
 
 def neighbor_rbf(
@@ -402,14 +513,15 @@ if triton is not None:
     @triton.autotune(
         # none spills on sm_90; (8, 16, 8, 2) spilled 0.2-0.3 KB a thread and is left out
         _configs((4, 16, 8, 2), (2, 16, 4, 2), (4, 16, 4, 2), (2, 16, 8, 2), (2, 32, 4, 2), (4, 32, 8, 2)),
-        key=_TUNED_BY,
+        key=[*_TUNED_BY, "NORM", "KEEP"],
     )
     @triton.jit(do_not_specialize=["M"])
     def _forward_kernel(
-        edges, nodes, table, index, scale, weight, shared, W2, b2, W3, b3, out, M, K,
+        edges, nodes, table, index, scale, weight, shared, W2, b2, W3, b3, out,
+        residual, norm_weight, norm_bias, sums, means, rstds, eps, M, K,
         N: tl.constexpr, H: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
         HAS_TABLE: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_SHARED: tl.constexpr,
-        EDGE_OUT: tl.constexpr, DOT_DTYPE: tl.constexpr,
+        EDGE_OUT: tl.constexpr, NORM: tl.constexpr, KEEP: tl.constexpr, DOT_DTYPE: tl.constexpr,
     ):  # fmt: skip
         m0 = tl.program_id(0) * BLOCK_M
         m = m0 + tl.arange(0, BLOCK_M)
@@ -420,6 +532,9 @@ if triton is not None:
         bias2 = tl.load(b2 + h).to(tl.float32)
         if EDGE_OUT:
             bias3 = tl.load(b3 + h).to(tl.float32)
+        if NORM:
+            gamma = tl.load(norm_weight + h).to(tl.float32)
+            beta = tl.load(norm_bias + h).to(tl.float32)
         acc = tl.zeros([BLOCK_M, H], dtype=tl.float32)
         for k0 in range(0, K, BLOCK_K):
             pre, valid, factor, edge, row, shared_row = _pre(
@@ -433,8 +548,20 @@ if triton is not None:
             if EDGE_OUT:
                 message = tl.trans(_dot(W3n, hidden, DOT_DTYPE)) + bias3[None, :]
                 message = tl.reshape(message, [BLOCK_M, BLOCK_K, H])
-                tl.store(out + edge[:, :, None] * H + h[None, None, :], message.to(out.dtype.element_ty),
-                         mask=valid[:, :, None])  # fmt: skip
+                at = edge[:, :, None] * H + h[None, None, :]
+                if NORM:  # the residual sum and its layer norm, rounded as the plain layer rounds them
+                    message = message.to(out.dtype.element_ty).to(tl.float32)
+                    x = message + tl.load(residual + at, mask=valid[:, :, None], other=0.0).to(tl.float32)
+                    x = x.to(out.dtype.element_ty).to(tl.float32)
+                    mean = tl.sum(x, axis=2) / H
+                    centred = x - mean[:, :, None]
+                    rstd = 1.0 / tl.sqrt_rn(tl.sum(centred * centred, axis=2) / H + eps)
+                    message = centred * rstd[:, :, None] * gamma[None, None, :] + beta[None, None, :]
+                    if KEEP:
+                        tl.store(sums + at, x.to(sums.dtype.element_ty), mask=valid[:, :, None])
+                        tl.store(means + edge, mean, mask=valid)
+                        tl.store(rstds + edge, rstd, mask=valid)
+                tl.store(out + at, message.to(out.dtype.element_ty), mask=valid[:, :, None])
             else:
                 hidden = tl.reshape(tl.trans(hidden), [BLOCK_M, BLOCK_K, H])
                 acc += tl.sum(hidden * factor[:, :, None], axis=1)

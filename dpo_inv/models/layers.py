@@ -152,12 +152,20 @@ class AutocastLayerNorm(nn.LayerNorm):
         device = input.device.type
         if not torch.is_autocast_enabled(device):
             return super().forward(input)
+        weight, bias = self.applied(input)
         dtype = torch.get_autocast_dtype(device)
-        weight, bias = self.weight, self.bias
-        if weights_in_input_dtype(device):  # rounded as autocast rounds a linear map's
-            weight, bias = (None if x is None else x.to(dtype) for x in (weight, bias))
         with torch.autocast(device, enabled=False):
             return F.layer_norm(input.to(dtype), self.normalized_shape, weight, bias, self.eps)
+
+    def applied(self, input: Tensor) -> tuple[Tensor | None, Tensor | None]:
+        """The weight and bias as :meth:`forward` applies them to ``input``: under autocast, rounded to its
+        dtype where the device's layer norm takes them only in its input's dtype (as autocast rounds a linear
+        map's)."""
+        device = input.device.type
+        if torch.is_autocast_enabled(device) and weights_in_input_dtype(device):
+            dtype = torch.get_autocast_dtype(device)
+            return tuple(None if x is None else x.to(dtype) for x in (self.weight, self.bias))
+        return self.weight, self.bias
 
 
 def weights_in_input_dtype(device: str) -> bool:
@@ -295,10 +303,12 @@ class EncLayer(nn.Module):
 
         if fuses and applies_merged(self.W12) and applies_merged(self.W13):
             node_i, edges, node_j = self._blocks(self.W11, h_V, h_E)
-            h_message = fused.edge_messages(
-                edges, node_i, node_j, flat_neighbors(E_idx),
-                weight(self.W12), self.W12.bias, weight(self.W13), self.W13.bias,
-            ).view_as(h_E)  # fmt: skip
+            mlp = (edges, node_i, node_j, flat_neighbors(E_idx), weight(self.W12), self.W12.bias)
+            mlp += (weight(self.W13), self.W13.bias)
+            if not (self.training and self.dropout3.p > 0):  # the residual and layer norm in the kernel
+                norm = (h_E.flatten(0, 1), *self.norm3.applied(h_E), self.norm3.eps)
+                return h_V, fused.edge_update(*mlp, *norm).view_as(h_E)
+            h_message = fused.edge_messages(*mlp).view_as(h_E)
         else:
             hidden = self.act(self._first_linear(self.W11, h_V, h_E, E_idx))
             h_message = linear(self.W13, self.act(linear(self.W12, hidden)))
