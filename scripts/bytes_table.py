@@ -1,14 +1,15 @@
 """The bytes a DPO step moves per pair, counted operator by operator, for the step of now and of before: the
 table of docs/benchmarks.md, "Bytes a step moves". No GPU needed.
 
-    python scripts/bytes_table.py            # 14 rows, about 20 minutes on two CPU cores
+    python scripts/bytes_table.py            # 15 rows, about 22 minutes on two CPU cores
 
 Each row is one `scripts/benchmark.py` process (one warm-up micro-batch of 2 structures of 150 residues,
 whose operators it counts; `megabytes_moved_per_pair`), with CUDA's autocast policy for layer norms (fp32)
 emulated on the CPU, and the fused kernels run by Triton's interpreter. "Before" rows put back what the
 step of before did: `nn.LayerNorm` for the edges' layer norms, the distance features in plain PyTorch, the
 backward kernel's gradients of the edges written in fp32 (and then rounded), the decoder's structure blocks
-gathered and added before its kernel, the edge update's residual and layer norm after its kernel.
+gathered and added before its kernel, the edge update's residual and layer norm after its kernel, the edges'
+blocks of the first linear maps applied before the kernels.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import sys
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 from torch.func import functional_call
 
 import dpo_inv.models.features as features
@@ -38,8 +40,8 @@ FP32, BF16 = "--mixed_precision no", "--mixed_precision bf16"
 FUSED, PRE = "--fused_kernels true", "--precompute_ref_log_probs"
 # what the step of before did, which its rows put back (count): nn.LayerNorm for the edges, the plain distance
 # features, the kernels' edge gradients in fp32, the decoder's structure blocks gathered and added before it,
-# the edge update's residual and layer norm after its kernel
-BEFORE = frozenset({"norms", "features", "gradients", "structure", "epilogue"})
+# the edge update's residual and layer norm after its kernel, the edge blocks applied before the kernels
+BEFORE = frozenset({"norms", "features", "gradients", "structure", "epilogue", "edge blocks"})
 # row: (options, what it puts back)
 ROWS = {
     "fp32": (FP32, set()),
@@ -48,9 +50,19 @@ ROWS = {
     "bf16, fused message MLPs, before": (f"{BF16} {FUSED}", BEFORE),
     "bf16, fused, the edges' layer norms in bf16": (f"{BF16} {FUSED}", BEFORE - {"norms"}),
     "bf16, fused, and the distance features' kernel": (f"{BF16} {FUSED}", BEFORE - {"norms", "features"}),
-    "bf16, fused, and the edges' gradients in bf16": (f"{BF16} {FUSED}", {"structure", "epilogue"}),
-    "bf16, fused, and the decoder's neighbours gathered in its kernel": (f"{BF16} {FUSED}", {"epilogue"}),
-    "bf16, fused, and the edge update's residual and layer norm in its kernel": (f"{BF16} {FUSED}", set()),
+    "bf16, fused, and the edges' gradients in bf16": (
+        f"{BF16} {FUSED}",
+        BEFORE - {"norms", "features", "gradients"},
+    ),
+    "bf16, fused, and the decoder's neighbours gathered in its kernel": (
+        f"{BF16} {FUSED}",
+        {"epilogue", "edge blocks"},
+    ),
+    "bf16, fused, and the edge update's residual and layer norm in its kernel": (
+        f"{BF16} {FUSED}",
+        {"edge blocks"},
+    ),
+    "bf16, fused, and the edge blocks applied in the kernels": (f"{BF16} {FUSED}", set()),
     "fp32, precomputed reference": (f"{FP32} {PRE}", set()),
     "bf16, plain, precomputed reference, before": (f"{BF16} {PRE}", {"norms"}),
     "bf16, plain, precomputed reference": (f"{BF16} {PRE}", set()),
@@ -80,9 +92,9 @@ def count(row: str) -> None:
     if "epilogue" in put_back:  # the messages written, then added and normalised by the layer's norm
         norm = layers.AutocastLayerNorm(128)
 
-        def normalised_after(*args):  # noqa: ANN002, ANN202
+        def normalised_after(*args, W_e=None):  # noqa: ANN001, ANN002, ANN202
             *mlp, residual, weight, bias, eps = args
-            summed = residual + fused.edge_messages(*mlp)
+            summed = residual + fused.edge_messages(*mlp, W_e=W_e)
             return functional_call(norm, {"weight": weight, "bias": bias}, (summed,))
 
         fused.edge_update = normalised_after
@@ -91,6 +103,14 @@ def count(row: str) -> None:
     if "features" in put_back:
         plain = features._neighbor_rbf
         features._neighbor_rbf = lambda D, atoms, E_idx, pairs, fuse: plain(D, atoms, E_idx, pairs, False)
+    if "edge blocks" in put_back:  # W_e applied to the edges by a linear map, its output read by the kernel
+        for name in ("message_sum", "edge_messages", "edge_update"):
+            fused_op = getattr(fused, name)
+
+            def applied_before(edges, *args, W_e=None, fused_op=fused_op, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+                return fused_op(edges if W_e is None else F.linear(edges, W_e), *args, **kwargs)
+
+            setattr(fused, name, applied_before)
     sys.argv = ["benchmark.py", *BENCHMARK.split(), *options.split()]
     with layers.cuda_layer_norm_policy():
         runpy.run_path(str(ROOT / "scripts" / "benchmark.py"), run_name="__main__")

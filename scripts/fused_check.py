@@ -40,13 +40,14 @@ from dpo_inv.models import fused
 from dpo_inv.models.features import ProteinFeatures, _neighbor_rbf
 from dpo_inv.models.layers import AutocastLayerNorm
 
-# form: (sequences per structure N, neighbours K, HAS_TABLE, HAS_SCALE, HAS_WEIGHT, HAS_SHARED, EDGE_OUT,
-# NORM), as the layers call the kernels in training (the edge update with its residual and layer norm)
+# form: (sequences per structure N, neighbours K, HAS_TABLE, HAS_SCALE, HAS_WEIGHT, HAS_SHARED,
+# HAS_EDGE_WEIGHT, EDGE_OUT, NORM), as the layers call the kernels in training (the edge blocks applied in
+# the kernels but the context layers', the edge update with its residual and layer norm)
 FORMS = {
-    "decoder": (2, 48, True, True, False, True, False, False),
-    "encoder": (1, 48, True, False, True, False, False, False),
-    "edge update": (1, 48, True, False, False, False, True, True),
-    "context": (1, 25, False, False, True, False, False, False),
+    "decoder": (2, 48, True, True, False, True, True, False, False),
+    "encoder": (1, 48, True, False, True, False, True, False, False),
+    "edge update": (1, 48, True, False, False, False, True, True, True),
+    "context": (1, 25, False, False, True, False, False, False, False),
 }
 EDGE_NORM = AutocastLayerNorm(128)  # the edge update's layer norm, as the layer applies it (parameters given)
 KERNELS = {"forward": fused._forward_kernel, "backward": fused._backward_kernel}
@@ -141,13 +142,12 @@ def compile_all(forms: list[str], arch: int, only: triton.Config | None = None) 
     return fits
 
 
-def plain(
-    form: str, edges, nodes, table, index, seen, shared, W2, b2, W3, b3, residual, norm_weight, norm_bias
-):  # noqa: ANN001
+def plain(form: str, edges, nodes, table, index, seen, shared, W2, b2, W3, b3, W_e, norm_weight, norm_bias):  # noqa: ANN001
     """The layers' plain computation of each form."""
-    pre = edges[:, :, None] + nodes[:, None]
     if form == "context":
+        pre = edges[:, :, None] + nodes[:, None]
         return (F.gelu(F.linear(F.gelu(pre), W2, b2)) * seen[..., None]).sum(1)
+    pre = F.linear(edges, W_e)[:, :, None] + nodes[:, None]
     neighbours = table[index]
     if form == "decoder":
         pre = pre + seen[..., None] * neighbours + shared[index][:, :, None]
@@ -156,20 +156,22 @@ def plain(
     if form == "encoder":
         return (hidden * seen[..., None]).sum(1)
     norm = {"weight": norm_weight, "bias": norm_bias}
-    return functional_call(EDGE_NORM, norm, (residual + F.linear(hidden[:, :, 0], W3, b3),))
+    return functional_call(EDGE_NORM, norm, (edges + F.linear(hidden[:, :, 0], W3, b3),))
 
 
 def fused_form(
-    form: str, edges, nodes, table, index, seen, shared, W2, b2, W3, b3, residual, norm_weight, norm_bias
+    form: str, edges, nodes, table, index, seen, shared, W2, b2, W3, b3, W_e, norm_weight, norm_bias
 ):  # noqa: ANN001
     if form == "decoder":
-        return fused.message_sum(edges, nodes, W2, b2, table=table, index=index, scale=seen, shared=shared)
+        neighbours = {"table": table, "index": index, "scale": seen, "shared": shared}
+        return fused.message_sum(edges, nodes, W2, b2, **neighbours, W_e=W_e)
     if form == "encoder":
-        return fused.message_sum(edges, nodes, W2, b2, table=table, index=index, weight=seen)
+        return fused.message_sum(edges, nodes, W2, b2, table=table, index=index, weight=seen, W_e=W_e)
     if form == "context":
         return fused.message_sum(edges, nodes, W2, b2, weight=seen)
     norm = (x.to(edges.dtype) for x in (norm_weight, norm_bias))  # rounded as the layer rounds them on CUDA
-    return fused.edge_update(edges, nodes[:, 0], table[:, 0], index, W2, b2, W3, b3, residual, *norm, 1e-5)
+    mlp = (edges, nodes[:, 0], table[:, 0], index, W2, b2, W3, b3)
+    return fused.edge_update(*mlp, edges, *norm, 1e-5, W_e=W_e)
 
 
 def check(form: str, B: int, L: int, K: int, device: torch.device) -> str:
@@ -186,17 +188,18 @@ def check(form: str, B: int, L: int, K: int, device: torch.device) -> str:
         "index": torch.randint(0, R, (R, K), device=device, generator=generator),
         "seen": (torch.rand(R, K, N, device=device, generator=generator) > 0.5).float(),
         "W2": randn(H, H, scale=0.1), "b2": randn(H), "W3": randn(H, H, scale=0.1), "b3": randn(H),
-        "residual": randn(R, K, H), "norm_weight": 1 + randn(H, scale=0.1), "norm_bias": randn(H, scale=0.1),
+        "W_e": randn(H, H, scale=0.1), "norm_weight": 1 + randn(H, scale=0.1),
+        "norm_bias": randn(H, scale=0.1),
     }  # fmt: skip
-    learnt = ("edges", "nodes") + (("table",) if form != "context" else ()) + ("W2", "b2")
+    learnt = ("edges", "nodes") + (("table", "W_e") if form != "context" else ()) + ("W2", "b2")
     learnt += ("shared",) if form == "decoder" else ()
-    learnt += ("W3", "b3", "residual", "norm_weight", "norm_bias") if form == "edge update" else ()
+    learnt += ("W3", "b3", "norm_weight", "norm_bias") if form == "edge update" else ()
     for name in learnt:
         tensors[name].requires_grad_()
     expected = plain(form, **tensors)
     grad = torch.randn_like(expected)
     expected_grads = torch.autograd.grad(expected, [tensors[name] for name in learnt], grad)
-    blocks = ("edges", "nodes", "table", "shared", "residual")
+    blocks = ("edges", "nodes", "table", "shared")
     half = {n: (t.detach().bfloat16().requires_grad_() if n in blocks else t)
             for n, t in tensors.items()}  # fmt: skip
     leaves = [half[name] for name in learnt]

@@ -109,43 +109,53 @@ def leaf(*shape: int, scale: float = 1.0) -> torch.Tensor:
 )
 def test_kernels_equal_the_plain_computation_and_its_gradients(form: str):
     """Every form the layers use, values and gradients in fp32; K not a multiple of the kernels' block, and
-    an odd number of sequences per structure (the atomic path of the edge gradient). The decoder's
-    neighbours' blocks: the visible one scaled per sequence (``table``), the structure's shared by all
-    sequences (``shared``). The edge update also with its residual and layer norm in the kernel."""
+    an odd number of sequences per structure (the atomic path of the edge gradient). The edges' block
+    ``W_e h_E`` computed in the kernel (the encoder's and decoder's forms) or given (the context layers').
+    The decoder's neighbours' blocks: the visible one scaled per sequence (``table``), the structure's
+    shared by all sequences (``shared``). The edge update also with its residual (the edges) and layer norm
+    in the kernel, as the layer calls it without dropout."""
     torch.manual_seed(0)
     R, T = 7, 11
     K = 25 if "context" in form else 20
     N = 3 if "three" in form else 2 if form == "decoder" else 1
     edges, nodes, table, shared = leaf(R, K, H), leaf(R, N, H), leaf(T, N, H), leaf(T, H)
-    W2, b2, W3, b3 = leaf(H, H, scale=0.1), leaf(H), leaf(H, H, scale=0.1), leaf(H)
+    W2, b2, W3, b3, W_e = (
+        leaf(H, H, scale=0.1),
+        leaf(H),
+        leaf(H, H, scale=0.1),
+        leaf(H),
+        leaf(H, H, scale=0.1),
+    )
     index = torch.randint(0, T, (R, K))
     seen = (torch.rand(R, K, N) > 0.5).float()
-    pre = edges[:, :, None] + nodes[:, None]
-    leaves = [edges, nodes, table, W2, b2]
+    pre = F.linear(edges, W_e)[:, :, None] + nodes[:, None]
+    leaves = [edges, nodes, table, W2, b2, W_e]
     if form.startswith("decoder"):
-        out = fused.message_sum(edges, nodes, W2, b2, table=table, index=index, scale=seen, shared=shared)
+        out = fused.message_sum(
+            edges, nodes, W2, b2, table=table, index=index, scale=seen, shared=shared, W_e=W_e
+        )
         expected = plain_mlp(pre + seen[..., None] * table[index] + shared[index][:, :, None], W2, b2).sum(1)
         leaves.append(shared)
     elif form == "encoder":
-        out = fused.message_sum(edges, nodes, W2, b2, table=table, index=index, weight=seen)
+        out = fused.message_sum(edges, nodes, W2, b2, table=table, index=index, weight=seen, W_e=W_e)
         expected = (plain_mlp(pre + table[index], W2, b2) * seen[..., None]).sum(1)
     elif form.startswith("context"):
         out = fused.message_sum(edges, nodes, W2, b2, weight=seen)
-        expected = (plain_mlp(pre, W2, b2) * seen[..., None]).sum(1)
+        expected = (plain_mlp(edges[:, :, None] + nodes[:, None], W2, b2) * seen[..., None]).sum(1)
         leaves = [edges, nodes, W2, b2]
     elif form == "edge update":
-        out = fused.edge_messages(edges, nodes[:, 0], table[:, 0], index, W2, b2, W3, b3)
+        out = fused.edge_messages(edges, nodes[:, 0], table[:, 0], index, W2, b2, W3, b3, W_e=W_e)
         expected = F.linear(plain_mlp((pre + table[index])[:, :, 0], W2, b2), W3, b3)
         leaves += [W3, b3]
     else:
-        residual, norm = leaf(R, K, H), (1.0 + leaf(H, scale=0.1), leaf(H, scale=0.1))
-        blocks = (edges, nodes[:, 0], table[:, 0], index, W2, b2, W3, b3, residual, *norm, 1e-5)
-        out = fused.edge_update(*blocks)
+        norm = (1.0 + leaf(H, scale=0.1), leaf(H, scale=0.1))
+        blocks = (edges, nodes[:, 0], table[:, 0], index, W2, b2, W3, b3, edges, *norm, 1e-5)
+        out = fused.edge_update(*blocks, W_e=W_e)
         with torch.no_grad():  # the reference's forward pass, which keeps nothing for a backward one
-            assert torch.equal(fused.edge_update(*blocks), out)
+            assert torch.equal(fused.edge_update(*blocks, W_e=W_e), out)
         messages = F.linear(plain_mlp((pre + table[index])[:, :, 0], W2, b2), W3, b3)
-        expected = F.layer_norm(residual + messages, (H,), *norm)
-        leaves += [W3, b3, residual, *norm]
+        expected = F.layer_norm(edges + messages, (H,), *norm)
+        leaves += [W3, b3, *norm]
     assert out.shape == expected.shape
     assert relative(out, expected) < 1e-6
     grad = torch.randn_like(expected)
@@ -168,14 +178,14 @@ def test_the_kernels_are_operators_that_autograd_and_the_compiler_take_whole(for
     W2, b2, W3, b3 = leaf(H, H, scale=0.1), leaf(H), leaf(H, H, scale=0.1), leaf(H)
     index = torch.randint(0, T, (R, K))
     seen = (torch.rand(R, K, N) > 0.5).float()
-    op = fused.message_mlp
+    op, W_e = fused.message_mlp, leaf(H, H, scale=0.1)
     if form == "decoder":
-        args = (edges, nodes, table, index, seen, None, shared, W2, b2, None, None)
+        args = (edges, nodes, table, index, seen, None, shared, W2, b2, None, None, W_e)
     elif form == "edge update":
         args = (edges, nodes, table, index, None, None, None, W2, b2, W3, b3)
     else:
         op, norm = fused.normed_edge_messages, (leaf(R, K, H), 1.0 + leaf(H, scale=0.1), leaf(H, scale=0.1))
-        args = (edges, nodes, table, index, W2, b2, W3, b3, *norm, 1e-5, True)
+        args = (edges, nodes, table, index, W2, b2, W3, b3, *norm, 1e-5, True, W_e)
     torch.library.opcheck(op, args)
 
     def loss(*args: torch.Tensor | None) -> torch.Tensor:

@@ -55,27 +55,38 @@ def message_sum(
     scale: Tensor | None = None,
     weight: Tensor | None = None,
     shared: Tensor | None = None,
+    W_e: Tensor | None = None,
 ) -> Tensor:
     """``out[r, n] = sum_k weight[r, k, n] * GELU(W2 GELU(pre[r, k, n]) + b2)``, where
-    ``pre[r, k, n] = edges[r, k] + nodes[r, n] + scale[r, k, n] * table[index[r, k], n] +
+    ``pre[r, k, n] = W_e edges[r, k] + nodes[r, n] + scale[r, k, n] * table[index[r, k], n] +
     shared[index[r, k]]``.
 
-    ``edges [R, K, H]``; ``nodes [R, N, H]``; ``index [R, K]`` with ``table [T, N, H]`` and (the same for
-    every n) ``shared [T, H]``, each optional; ``scale`` and ``weight`` ``[R, K, N]`` (optional: 1). Returns
-    ``[R, N, H]`` in ``edges``' dtype; matrix products run in ``edges``' dtype (bf16 under bf16 autocast),
-    everything else in fp32.
+    ``edges [R, K, H]``, the edges' states (with ``W_e [H, H]``, the first linear map's edge block, which
+    the kernels apply edge by edge) or that block already applied (``W_e`` None); ``nodes [R, N, H]``;
+    ``index [R, K]`` with ``table [T, N, H]`` and (the same for every n) ``shared [T, H]``, each optional;
+    ``scale`` and ``weight`` ``[R, K, N]`` (optional: 1). Returns ``[R, N, H]`` in ``edges``' dtype; matrix
+    products run in ``edges``' dtype (bf16 under bf16 autocast), everything else in fp32.
     """
-    return message_mlp(*_blocks(edges, nodes, table, index, scale, weight, shared), W2, b2, None, None)
+    blocks = _blocks(edges, nodes, table, index, scale, weight, shared)
+    return message_mlp(*blocks, W2, b2, None, None, W_e)
 
 
 def edge_messages(
-    edges: Tensor, nodes: Tensor, table: Tensor, index: Tensor, W2: Tensor, b2: Tensor, W3: Tensor, b3: Tensor
+    edges: Tensor,
+    nodes: Tensor,
+    table: Tensor,
+    index: Tensor,
+    W2: Tensor,
+    b2: Tensor,
+    W3: Tensor,
+    b3: Tensor,
+    W_e: Tensor | None = None,
 ) -> Tensor:
-    """``out[r, k] = W3 GELU(W2 GELU(pre[r, k]) + b2) + b3`` with ``pre[r, k] = edges[r, k] + nodes[r] +
-    table[index[r, k]]``; ``edges [R, K, H]``, ``nodes [R, H]``, ``table [T, H]``, ``index [R, K]``."""
-    return message_mlp(
-        *_blocks(edges, nodes[:, None], table[:, None], index, None, None, None), W2, b2, W3, b3
-    )
+    """``out[r, k] = W3 GELU(W2 GELU(pre[r, k]) + b2) + b3`` with ``pre[r, k] = W_e edges[r, k] + nodes[r] +
+    table[index[r, k]]``; ``edges [R, K, H]`` (as in :func:`message_sum`), ``nodes [R, H]``, ``table [T, H]``,
+    ``index [R, K]``."""
+    blocks = _blocks(edges, nodes[:, None], table[:, None], index, None, None, None)
+    return message_mlp(*blocks, W2, b2, W3, b3, W_e)
 
 
 def edge_update(
@@ -91,6 +102,7 @@ def edge_update(
     norm_weight: Tensor,
     norm_bias: Tensor,
     eps: float,
+    W_e: Tensor | None = None,
 ) -> Tensor:
     """``layer_norm(residual + edge_messages(...))`` over the last dimension: the edge update with its
     residual and layer norm in the kernel, which writes the normalised edges instead of the messages (and,
@@ -99,7 +111,7 @@ def edge_update(
     rounds them; ``residual [R, K, H]``, ``norm_weight`` and ``norm_bias [H]``."""
     blocks = _blocks(edges, nodes[:, None], table[:, None], index, None, None, None)
     norm = (residual.contiguous(), norm_weight, norm_bias)
-    return normed_edge_messages(*blocks[:4], W2, b2, W3, b3, *norm, eps, torch.is_grad_enabled())[0]
+    return normed_edge_messages(*blocks[:4], W2, b2, W3, b3, *norm, eps, torch.is_grad_enabled(), W_e)[0]
 
 
 def _blocks(
@@ -111,8 +123,11 @@ def _blocks(
     weight: Tensor | None,
     shared: Tensor | None,
 ) -> tuple[Tensor | None, ...]:
-    """The blocks of ``pre`` as the kernels read them: contiguous, the index in int64, scale and weight in
-    fp32."""
+    """The blocks of ``pre`` as the kernels read them: contiguous, the edges in the autocast dtype (as the
+    linear map of their block takes them), the index in int64, scale and weight in fp32."""
+    device = edges.device.type
+    if torch.is_autocast_enabled(device):
+        edges = edges.to(torch.get_autocast_dtype(device))
     index = None if index is None else index.to(torch.int64)
     scale, weight = (None if x is None else x.to(torch.float32) for x in (scale, weight))
     blocks = (edges, nodes, table, index, scale, weight, shared)
@@ -127,12 +142,13 @@ def _dot_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 def _weights(
-    dtype: torch.dtype, W2: Tensor, b2: Tensor, W3: Tensor | None, b3: Tensor | None
+    dtype: torch.dtype, W2: Tensor, b2: Tensor, W3: Tensor | None, b3: Tensor | None, W_e: Tensor | None
 ) -> list[Tensor]:
-    """The kernels' ``W2, b2, W3, b3``: the matrices in the products' dtype, stand-ins for ``W3, b3`` None
-    (the kernels' ``EDGE_OUT`` off)."""
+    """The kernels' ``W2, b2, W3, b3, W_e``: the matrices in the products' dtype, stand-ins for those None
+    (the kernels' ``EDGE_OUT`` or ``HAS_EDGE_WEIGHT`` off)."""
     W2 = W2.to(dtype)
-    return [W2, b2, W2 if W3 is None else W3.to(dtype), b2 if b3 is None else b3]
+    W3, W_e = (W2 if x is None else x.to(dtype).contiguous() for x in (W3, W_e))
+    return [W2, b2, W3, b2 if b3 is None else b3, W_e]
 
 
 def _pointers(edges: Tensor, *optional: Tensor | None) -> tuple[Tensor, ...]:
@@ -141,11 +157,12 @@ def _pointers(edges: Tensor, *optional: Tensor | None) -> tuple[Tensor, ...]:
 
 
 def _flags(*blocks: Tensor | None) -> dict[str, bool]:
-    """The kernels' flags for the optional blocks ``table, scale, weight, shared``."""
+    """The kernels' flags for the optional blocks ``table, scale, weight, shared`` and the edge block's
+    weight ``W_e``."""
     return {name: x is not None for name, x in zip(_OPTIONAL, blocks, strict=True)}
 
 
-_OPTIONAL = ("HAS_TABLE", "HAS_SCALE", "HAS_WEIGHT", "HAS_SHARED")
+_OPTIONAL = ("HAS_TABLE", "HAS_SCALE", "HAS_WEIGHT", "HAS_SHARED", "HAS_EDGE_WEIGHT")
 
 
 # The kernels as operators: autograd, torch.compile (which keeps them whole, without a graph break) and
@@ -165,11 +182,12 @@ def message_mlp(
     b2: Tensor,
     W3: Tensor | None,
     b3: Tensor | None,
+    W_e: Tensor | None = None,
 ) -> Tensor:
     """Both kernels' forward pass on blocks from :func:`_blocks`: ``W3`` None, the summed messages
     ``[R, N, H]`` (:func:`message_sum`), else the per-edge ones ``[R, K, H]`` (:func:`edge_messages`)."""
     out = edges.new_empty(_messages_shape(edges, nodes, W3))
-    _forward(edges, nodes, table, index, scale, weight, shared, W2, b2, W3, b3, out)
+    _forward(edges, nodes, table, index, scale, weight, shared, W2, b2, W3, b3, W_e, out)
     return out
 
 
@@ -185,18 +203,19 @@ def _forward(
     b2: Tensor,
     W3: Tensor | None,
     b3: Tensor | None,
+    W_e: Tensor | None,
     out: Tensor,
     norm: tuple[Tensor, ...] = (),
     eps: float = 0.0,
 ) -> None:
     """The forward kernel into ``out``; with ``norm`` (residual, weight, bias, then, to keep them, the sums
     and their means and reciprocal deviations), the edge update's residual and layer norm in its epilogue."""
-    weights = _weights(_dot_dtype(edges.dtype), W2, b2, W3, b3)
+    weights = _weights(_dot_dtype(edges.dtype), W2, b2, W3, b3, W_e)
     M = edges.shape[0] * nodes.shape[1]
     _forward_kernel[lambda meta: (triton.cdiv(M, meta["BLOCK_M"]),)](
         *_pointers(edges, nodes, table, index, scale, weight, shared), *weights, out,
         *(norm + (edges,) * (6 - len(norm))), eps,
-        M, edges.shape[1], N=nodes.shape[1], H=edges.shape[2], **_flags(table, scale, weight, shared),
+        M, edges.shape[1], N=nodes.shape[1], H=edges.shape[2], **_flags(table, scale, weight, shared, W_e),
         EDGE_OUT=W3 is not None, NORM=bool(norm), KEEP=len(norm) == 6, DOT_DTYPE=_TL_DTYPE[weights[0].dtype],
     )  # fmt: skip
 
@@ -207,7 +226,7 @@ def _messages_shape(edges: Tensor, nodes: Tensor, W3: Tensor | None) -> tuple[in
 
 
 @message_mlp.register_fake
-def _(edges, nodes, table, index, scale, weight, shared, W2, b2, W3, b3) -> Tensor:  # noqa: ANN001
+def _(edges, nodes, table, index, scale, weight, shared, W2, b2, W3, b3, W_e=None) -> Tensor:  # noqa: ANN001
     return edges.new_empty(_messages_shape(edges, nodes, W3))
 
 
@@ -225,12 +244,14 @@ def message_mlp_backward(
     b2: Tensor,
     W3: Tensor | None,
     b3: Tensor | None,
+    W_e: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """The gradients of :func:`message_mlp`'s blocks and weights: ``edges, nodes, table, shared, W2, b2,
     W3, b3`` (empty for a block or ``W3`` that is None); those of the edges and the neighbours' blocks as
     the kernel wrote them (:func:`_gradients_out`; autograd rounds them to their inputs' dtype), the others
-    in their inputs' dtype. The MLP is recomputed from the blocks, edge by edge."""
-    W2k, b2k, W3k, b3k = _weights(_dot_dtype(edges.dtype), W2, b2, W3, b3)
+    in their inputs' dtype. With ``W_e``, the edges' is that of their block (``W_e edges``), from which
+    autograd takes those of the edges and ``W_e``. The MLP is recomputed from the blocks, edge by edge."""
+    W2k, b2k, W3k, b3k, W_ek = _weights(_dot_dtype(edges.dtype), W2, b2, W3, b3, W_e)
     edge_out = W3 is not None
     R, K, H = edges.shape
     N = nodes.shape[1]
@@ -244,9 +265,9 @@ def message_mlp_backward(
     d_weights = torch.empty(programs, parts, H, H, **f32)
     d_biases = torch.empty(programs, parts, H, **f32)
     _backward_kernel[(programs,)](
-        *_pointers(edges, nodes, table, index, scale, weight, shared), W2k, b2k, W3k, b3k,
+        *_pointers(edges, nodes, table, index, scale, weight, shared), W2k, b2k, W3k, b3k, W_ek,
         d_out.contiguous(), d_edges, d_nodes, d_table, d_shared, d_weights, d_biases,
-        R * N, K, N=N, H=H, **_flags(table, scale, weight, shared), EDGE_OUT=edge_out,
+        R * N, K, N=N, H=H, **_flags(table, scale, weight, shared, W_e), EDGE_OUT=edge_out,
         DOT_DTYPE=_TL_DTYPE[W2k.dtype],
     )  # fmt: skip
     d_weights, d_biases = d_weights.sum(0), d_biases.sum(0)
@@ -275,7 +296,9 @@ def _gradients_out(edges: Tensor, nodes: Tensor, edge_out: bool) -> tuple[Tensor
 
 
 @message_mlp_backward.register_fake
-def _(d_out, edges, nodes, table, index, scale, weight, shared, W2, b2, W3, b3) -> tuple[Tensor, ...]:  # noqa: ANN001
+def _(
+    d_out, edges, nodes, table, index, scale, weight, shared, W2, b2, W3, b3, W_e=None
+) -> tuple[Tensor, ...]:  # noqa: ANN001
     d_edges, d_nodes = _gradients_out(edges, nodes, W3 is not None)
     d_tables = (
         edges.new_empty(0) if x is None else x.new_empty(x.shape, dtype=torch.float32)
@@ -290,16 +313,28 @@ def _save_blocks(ctx, inputs: tuple, output: Tensor) -> None:  # noqa: ANN001
 
 
 def _gradients(ctx, d_out: Tensor) -> tuple[Tensor | None, ...]:  # noqa: ANN001
-    edges, nodes, table, index, scale, weight, shared, W2, b2, W3, b3 = ctx.saved_tensors
+    edges, nodes, table, index, scale, weight, shared, W2, b2, W3, b3, W_e = ctx.saved_tensors
     d_edges, d_nodes, d_table, d_shared, d_W2, d_b2, d_W3, d_b3 = message_mlp_backward(
-        d_out, edges, nodes, table, index, scale, weight, shared, W2, b2, W3, b3
+        d_out, edges, nodes, table, index, scale, weight, shared, W2, b2, W3, b3, W_e
     )
+    d_edges, d_W_e = _edge_block_gradients(d_edges, edges, W_e)
     present = W3 is not None
     return (
-        d_edges.to(edges.dtype), d_nodes, d_table.to(table.dtype) if table is not None else None, None, None,
+        d_edges, d_nodes, d_table.to(table.dtype) if table is not None else None, None, None,
         None, d_shared.to(shared.dtype) if shared is not None else None, d_W2, d_b2,
-        d_W3 if present else None, d_b3 if present else None,
+        d_W3 if present else None, d_b3 if present else None, d_W_e,
     )  # fmt: skip
+
+
+def _edge_block_gradients(d_block: Tensor, edges: Tensor, W_e: Tensor | None) -> tuple[Tensor, Tensor | None]:
+    """The gradients of ``edges`` and ``W_e`` from that of the edge block the kernel wrote (rounded to the
+    edges' dtype): the block's where ``W_e`` is None (the edges are the block)."""
+    d_block = d_block.to(edges.dtype)
+    if W_e is None:
+        return d_block, None
+    rows = d_block.flatten(0, 1)
+    d_W_e = (rows.T @ edges.flatten(0, 1)).to(W_e.dtype)
+    return (rows @ W_e.to(edges.dtype)).view_as(edges), d_W_e
 
 
 message_mlp.register_autograd(_gradients, setup_context=_save_blocks)
@@ -320,13 +355,14 @@ def normed_edge_messages(
     norm_bias: Tensor,
     eps: float,
     keep: bool,
+    W_e: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """:func:`edge_update` on blocks from :func:`_blocks`: the normalised edges ``[R, K, H]``; with ``keep``
     the sums ``[R, K, H]`` and their means and reciprocal deviations ``[R, K, 1]`` (fp32) for the backward
     pass, else empty tensors."""
     out, *kept = _normed_outputs(edges, keep)
     norm = (residual, norm_weight, norm_bias, *kept) if keep else (residual, norm_weight, norm_bias)
-    _forward(edges, nodes, table, index, None, None, None, W2, b2, W3, b3, out, norm, eps)
+    _forward(edges, nodes, table, index, None, None, None, W2, b2, W3, b3, W_e, out, norm, eps)
     return out, *kept
 
 
@@ -338,19 +374,23 @@ def _normed_outputs(edges: Tensor, keep: bool) -> tuple[Tensor, Tensor, Tensor, 
 
 
 @normed_edge_messages.register_fake
-def _(edges, nodes, table, index, W2, b2, W3, b3, residual, norm_weight, norm_bias, eps, keep) -> tuple:  # noqa: ANN001
+def _(
+    edges, nodes, table, index, W2, b2, W3, b3, residual, norm_weight, norm_bias, eps, keep, W_e=None
+) -> tuple:  # noqa: ANN001
     return _normed_outputs(edges, keep)
 
 
 def _save_normed(ctx, inputs: tuple, output: tuple) -> None:  # noqa: ANN001
     ctx.set_materialize_grads(False)  # the kept outputs take no gradient: none to fill with zeros
-    ctx.save_for_backward(*inputs[:11], *output[1:])
+    ctx.save_for_backward(*inputs[:11], inputs[13], *output[1:])
 
 
 def _normed_gradients(ctx, d_out: Tensor, *unused: Tensor) -> tuple[Tensor | None, ...]:  # noqa: ANN001
     """The layer norm's backward pass on the sums the kernel kept, then the edge update's kernel on the
     gradient of the sums, which is also the residual's."""
-    edges, nodes, table, index, W2, b2, W3, b3, residual, norm_weight, norm_bias, *kept = ctx.saved_tensors
+    edges, nodes, table, index, W2, b2, W3, b3, residual, norm_weight, norm_bias, W_e, *kept = (
+        ctx.saved_tensors
+    )
     sums, mean, rstd = kept
     if sums.device.type == "cpu":  # a CPU's layer norm reads them in its weight's dtype, CUDA's in fp32
         mean, rstd = mean.to(norm_weight.dtype), rstd.to(norm_weight.dtype)
@@ -358,11 +398,12 @@ def _normed_gradients(ctx, d_out: Tensor, *unused: Tensor) -> tuple[Tensor | Non
         d_out, sums, sums.shape[-1:], mean, rstd, norm_weight, norm_bias, [True, True, True]
     )
     d_edges, d_nodes, d_table, _, d_W2, d_b2, d_W3, d_b3 = message_mlp_backward(
-        d_sums, edges, nodes, table, index, None, None, None, W2, b2, W3, b3
+        d_sums, edges, nodes, table, index, None, None, None, W2, b2, W3, b3, W_e
     )
+    d_edges, d_W_e = _edge_block_gradients(d_edges, edges, W_e)
     return (
-        d_edges.to(edges.dtype), d_nodes, d_table.to(table.dtype), None, d_W2, d_b2, d_W3, d_b3,
-        d_sums.to(residual.dtype), d_norm_weight, d_norm_bias, None, None,
+        d_edges, d_nodes, d_table.to(table.dtype), None, d_W2, d_b2, d_W3, d_b3,
+        d_sums.to(residual.dtype), d_norm_weight, d_norm_bias, None, None, d_W_e,
     )  # fmt: skip
 
 
@@ -459,7 +500,7 @@ if triton is not None:
     @triton.jit
     def _dot(a, b, DOT_DTYPE: tl.constexpr):
         if tl.float32 == DOT_DTYPE:
-            return tl.dot(a, b, input_precision="ieee")
+            return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
         return tl.dot(a.to(DOT_DTYPE), b.to(DOT_DTYPE))
 
     @triton.jit
@@ -472,13 +513,15 @@ if triton is not None:
 
     @triton.jit
     def _pre(
-        edges, nodes, table, index, scale, weight, shared, m0, k0, M, K,
+        edges, nodes, table, index, scale, weight, shared, W_e, m0, k0, M, K,
         N: tl.constexpr, H: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
         HAS_TABLE: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_SHARED: tl.constexpr,
+        HAS_EDGE_WEIGHT: tl.constexpr, DOT_DTYPE: tl.constexpr,
     ):  # fmt: skip
         """``pre [BLOCK_M, BLOCK_K, H]`` (fp32) of nodes ``m0 + i`` and their edges ``k0 + j``; which of
         them exist and the weight of each message ``[BLOCK_M, BLOCK_K]`` (0 where none); the edges' rows in
-        ``edges``; the neighbours' rows in ``table`` and in ``shared``."""
+        ``edges``; the neighbours' rows in ``table`` and in ``shared``. With ``HAS_EDGE_WEIGHT`` the edges'
+        block is ``W_e`` (an ``[H, H]`` matrix) times their rows."""
         m = m0 + tl.arange(0, BLOCK_M)
         k = k0 + tl.arange(0, BLOCK_K)
         h = tl.arange(0, H)
@@ -487,6 +530,9 @@ if triton is not None:
         valid = (m < M)[:, None] & (k < K)[None, :]
         edge = r[:, None] * K + k[None, :]
         pre = tl.load(edges + edge[:, :, None] * H + h[None, None, :], mask=valid[:, :, None], other=0.0)
+        if HAS_EDGE_WEIGHT:  # as the products of the MLP: the matrix times the transposed edge rows
+            rows = tl.trans(tl.reshape(pre, [BLOCK_M * BLOCK_K, H]))
+            pre = tl.reshape(tl.trans(_dot(W_e, rows, DOT_DTYPE)), [BLOCK_M, BLOCK_K, H])
         node = tl.load(nodes + m.to(tl.int64)[:, None] * H + h[None, :], mask=(m < M)[:, None], other=0.0)
         pre = pre.to(tl.float32) + node.to(tl.float32)[:, None, :]
         row = edge
@@ -517,16 +563,20 @@ if triton is not None:
     )
     @triton.jit(do_not_specialize=["M"])
     def _forward_kernel(
-        edges, nodes, table, index, scale, weight, shared, W2, b2, W3, b3, out,
+        edges, nodes, table, index, scale, weight, shared, W2, b2, W3, b3, W_e, out,
         residual, norm_weight, norm_bias, sums, means, rstds, eps, M, K,
         N: tl.constexpr, H: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
         HAS_TABLE: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_SHARED: tl.constexpr,
-        EDGE_OUT: tl.constexpr, NORM: tl.constexpr, KEEP: tl.constexpr, DOT_DTYPE: tl.constexpr,
+        HAS_EDGE_WEIGHT: tl.constexpr, EDGE_OUT: tl.constexpr, NORM: tl.constexpr, KEEP: tl.constexpr,
+        DOT_DTYPE: tl.constexpr,
     ):  # fmt: skip
         m0 = tl.program_id(0) * BLOCK_M
         m = m0 + tl.arange(0, BLOCK_M)
         h = tl.arange(0, H)
         W2n = _square(W2, H, False)
+        W_en = W2n
+        if HAS_EDGE_WEIGHT:
+            W_en = _square(W_e, H, False)
         if EDGE_OUT:
             W3n = _square(W3, H, False)
         bias2 = tl.load(b2 + h).to(tl.float32)
@@ -538,8 +588,8 @@ if triton is not None:
         acc = tl.zeros([BLOCK_M, H], dtype=tl.float32)
         for k0 in range(0, K, BLOCK_K):
             pre, valid, factor, edge, row, shared_row = _pre(
-                edges, nodes, table, index, scale, weight, shared, m0, k0, M, K,
-                N, H, BLOCK_M, BLOCK_K, HAS_TABLE, HAS_SCALE, HAS_WEIGHT, HAS_SHARED,
+                edges, nodes, table, index, scale, weight, shared, W_en, m0, k0, M, K, N, H, BLOCK_M,
+                BLOCK_K, HAS_TABLE, HAS_SCALE, HAS_WEIGHT, HAS_SHARED, HAS_EDGE_WEIGHT, DOT_DTYPE,
             )  # fmt: skip
             # products as weights x transposed edge rows ([H, H] x [H, rows]): on Hopper each is one
             # warpgroup MMA that reads the weights from shared memory
@@ -580,16 +630,19 @@ if triton is not None:
     )
     @triton.jit(do_not_specialize=["M"])
     def _backward_kernel(
-        edges, nodes, table, index, scale, weight, shared, W2, b2, W3, b3,
+        edges, nodes, table, index, scale, weight, shared, W2, b2, W3, b3, W_e,
         d_out, d_edges, d_nodes, d_table, d_shared, d_weights, d_biases, M, K,
         N: tl.constexpr, H: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
         HAS_TABLE: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_SHARED: tl.constexpr,
-        EDGE_OUT: tl.constexpr, DOT_DTYPE: tl.constexpr,
+        HAS_EDGE_WEIGHT: tl.constexpr, EDGE_OUT: tl.constexpr, DOT_DTYPE: tl.constexpr,
     ):  # fmt: skip
         pid = tl.program_id(0)
         h = tl.arange(0, H)
         W2n = _square(W2, H, False)
         W2t = _square(W2, H, True)
+        W_en = W2n
+        if HAS_EDGE_WEIGHT:
+            W_en = _square(W_e, H, False)
         if EDGE_OUT:
             W3t = _square(W3, H, True)
         bias2 = tl.load(b2 + h).to(tl.float32)
@@ -607,8 +660,8 @@ if triton is not None:
             d_node = tl.zeros([BLOCK_M, H], dtype=tl.float32)
             for k0 in range(0, K, BLOCK_K):
                 pre, valid, factor, edge, row, shared_row = _pre(
-                    edges, nodes, table, index, scale, weight, shared, m0, k0, M, K,
-                    N, H, BLOCK_M, BLOCK_K, HAS_TABLE, HAS_SCALE, HAS_WEIGHT, HAS_SHARED,
+                    edges, nodes, table, index, scale, weight, shared, W_en, m0, k0, M, K, N, H, BLOCK_M,
+                    BLOCK_K, HAS_TABLE, HAS_SCALE, HAS_WEIGHT, HAS_SHARED, HAS_EDGE_WEIGHT, DOT_DTYPE,
                 )  # fmt: skip
                 on = factor > 0
                 # products as weights x transposed edge rows, as in the forward kernel

@@ -275,22 +275,22 @@ class EncLayer(nn.Module):
 
     @staticmethod
     def _blocks(W: nn.Linear, h_V: Tensor, h_E: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """The blocks of ``W(cat([h_V_i, h_E_ij, h_V_j]))`` for the fused kernels, nodes flattened: the node
-        block with the bias ``[B * L, H]``, the edge block ``[B * L, K, H]``, the neighbour block (to be
-        gathered) ``[B * L, H]``."""
+        """The blocks of ``W(cat([h_V_i, h_E_ij, h_V_j]))`` for the fused kernels, which apply the edge block
+        ``W_e`` edge by edge, nodes flattened: the node block with the bias ``[B * L, H]``, the neighbour
+        block (to be gathered) ``[B * L, H]`` and ``W_e``."""
         W_i, W_e, W_j = weight(W).split([h_V.shape[-1], h_E.shape[-1], h_V.shape[-1]], dim=1)
-        node_i = F.linear(h_V, W_i, W.bias).flatten(0, 1)
-        return node_i, F.linear(h_E, W_e).flatten(0, 1), F.linear(h_V, W_j).flatten(0, 1)
+        return F.linear(h_V, W_i, W.bias).flatten(0, 1), F.linear(h_V, W_j).flatten(0, 1), W_e
 
     def forward(
         self, h_V: Tensor, h_E: Tensor, E_idx: Tensor, mask_V: Tensor, mask_attend: Tensor
     ) -> tuple[Tensor, Tensor]:
         fuses = runs_fused(self, h_E)
+        edges = h_E.flatten(0, 1)
         if fuses:
-            node_i, edges, node_j = self._blocks(self.W1, h_V, h_E)
+            node_i, node_j, W_e = self._blocks(self.W1, h_V, h_E)
             summed = fused.message_sum(
                 edges, node_i[:, None], weight(self.W2), self.W2.bias, table=node_j[:, None],
-                index=flat_neighbors(E_idx), weight=mask_attend.flatten(0, 1)[..., None],
+                index=flat_neighbors(E_idx), weight=mask_attend.flatten(0, 1)[..., None], W_e=W_e,
             ).view_as(h_V)  # fmt: skip
         else:
             hidden = self.act(linear(self.W2, self.act(self._first_linear(self.W1, h_V, h_E, E_idx))))
@@ -302,13 +302,13 @@ class EncLayer(nn.Module):
         h_V = mask_V.unsqueeze(-1) * h_V
 
         if fuses and applies_merged(self.W12) and applies_merged(self.W13):
-            node_i, edges, node_j = self._blocks(self.W11, h_V, h_E)
+            node_i, node_j, W_e = self._blocks(self.W11, h_V, h_E)
             mlp = (edges, node_i, node_j, flat_neighbors(E_idx), weight(self.W12), self.W12.bias)
             mlp += (weight(self.W13), self.W13.bias)
             if not (self.training and self.dropout3.p > 0):  # the residual and layer norm in the kernel
-                norm = (h_E.flatten(0, 1), *self.norm3.applied(h_E), self.norm3.eps)
-                return h_V, fused.edge_update(*mlp, *norm).view_as(h_E)
-            h_message = fused.edge_messages(*mlp).view_as(h_E)
+                norm = (edges, *self.norm3.applied(h_E), self.norm3.eps)
+                return h_V, fused.edge_update(*mlp, *norm, W_e=W_e).view_as(h_E)
+            h_message = fused.edge_messages(*mlp, W_e=W_e).view_as(h_E)
         else:
             hidden = self.act(self._first_linear(self.W11, h_V, h_E, E_idx))
             h_message = linear(self.W13, self.act(linear(self.W12, hidden)))
@@ -337,17 +337,17 @@ class DecLayer(NodeLayer):
         if positions is None:
             H = h_V.shape[-1]
             W_i, W_e, W_s, W_j = weight(self.W1).split([H, enc.h_E.shape[-1], h_S.shape[-1], H], dim=1)
-            edges, neighbours = F.linear(enc.h_E, W_e), F.linear(enc.h_V, W_j)
+            neighbours = F.linear(enc.h_V, W_j)
             visible = F.linear(h_S, W_s) + F.linear(h_V - enc.h_V.unsqueeze(2), W_j)
-            if runs_fused(self, edges):  # the neighbours' blocks gathered in the kernel
+            if runs_fused(self, enc.h_E):  # the edge block applied and the neighbours' gathered in the kernel
                 summed = fused.message_sum(
-                    edges.flatten(0, 1), F.linear(h_V, W_i, self.W1.bias).flatten(0, 1),
+                    enc.h_E.flatten(0, 1), F.linear(h_V, W_i, self.W1.bias).flatten(0, 1),
                     weight(self.W2), self.W2.bias, table=visible.flatten(0, 1),
                     index=flat_neighbors(enc.E_idx), scale=mask_bw.flatten(0, 1),
-                    shared=neighbours.flatten(0, 1),
+                    shared=neighbours.flatten(0, 1), W_e=W_e,
                 ).view_as(h_V)  # fmt: skip
-                return self._update_nodes(h_V, summed, edges.shape[2], enc.mask.unsqueeze(-1))
-            structure = edges.add_(gather_nodes(neighbours, enc.E_idx))
+                return self._update_nodes(h_V, summed, enc.E_idx.shape[2], enc.mask.unsqueeze(-1))
+            structure = F.linear(enc.h_E, W_e).add_(gather_nodes(neighbours, enc.E_idx))
             visible = gather_nodes(visible, enc.E_idx)
             pre = torch.addcmul(structure.unsqueeze(3), mask_bw.unsqueeze(-1).to(visible.dtype), visible)
             return self._update(h_V, pre, enc.mask.unsqueeze(-1))
