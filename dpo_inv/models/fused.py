@@ -3,8 +3,9 @@
 Every message-passing layer applies, edge by edge, ``GELU -> linear -> GELU`` to ``pre``, the first linear
 map of ``[h_i, h_e, h_j]`` applied block by block. The plain layers write each of these per-edge tensors to
 memory and keep them for the backward pass: at large batches they are what the step spends its time on (it
-is bandwidth-bound). The kernels here assemble ``pre`` per edge from its blocks (an edge block, a node block,
-gathered neighbour blocks, one of them scaled by a visibility mask), run the MLP in registers, and write only
+is bandwidth-bound). The kernels here assemble ``pre`` per edge from its blocks (the edge block, applied to
+the edge's state in the kernel or given; a node block; gathered neighbour blocks, one of them scaled by a
+visibility mask), run the MLP in registers, and write only
 
 - :func:`message_sum`: the (masked) sum of the messages over each node's edges (node updates: the encoder,
   the decoder, LigandMPNN's context layers);
