@@ -368,6 +368,8 @@ def normed_edge_messages(
 
 
 def _normed_outputs(edges: Tensor, keep: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """:func:`normed_edge_messages`' outputs, unwritten: those kept for the backward pass empty without
+    ``keep``."""
     if not keep:
         return edges.new_empty(edges.shape), *(edges.new_empty(0) for _ in range(3))
     statistics = (edges.new_empty((*edges.shape[:2], 1), dtype=torch.float32) for _ in range(2))
@@ -383,7 +385,8 @@ def _(
 
 def _save_normed(ctx, inputs: tuple, output: tuple) -> None:  # noqa: ANN001
     ctx.set_materialize_grads(False)  # the kept outputs take no gradient: none to fill with zeros
-    ctx.save_for_backward(*inputs[:11], inputs[13], *output[1:])
+    *blocks, eps, keep, W_e = inputs
+    ctx.save_for_backward(*blocks, W_e, *output[1:])
 
 
 def _normed_gradients(ctx, d_out: Tensor, *unused: Tensor) -> tuple[Tensor | None, ...]:  # noqa: ANN001
