@@ -285,8 +285,8 @@ class EncLayer(nn.Module):
         self, h_V: Tensor, h_E: Tensor, E_idx: Tensor, mask_V: Tensor, mask_attend: Tensor
     ) -> tuple[Tensor, Tensor]:
         fuses = runs_fused(self, h_E)
-        edges = h_E.flatten(0, 1)
         if fuses:
+            edges = h_E.flatten(0, 1)
             node_i, node_j, W_e = self._blocks(self.W1, h_V, h_E)
             summed = fused.message_sum(
                 edges, node_i[:, None], weight(self.W2), self.W2.bias, table=node_j[:, None],
