@@ -1,7 +1,7 @@
 """The bytes a DPO step moves per pair, counted operator by operator, for the step of now and of before: the
 table of docs/benchmarks.md, "Bytes a step moves". No GPU needed.
 
-    python scripts/bytes_table.py            # 15 rows, about 22 minutes on two CPU cores
+    python scripts/bytes_table.py            # 16 rows, about 24 minutes on two CPU cores
 
 Each row is one `scripts/benchmark.py` process (one warm-up micro-batch of 2 structures of 150 residues,
 whose operators it counts; `megabytes_moved_per_pair`), with CUDA's autocast policy for layer norms (fp32)
@@ -9,7 +9,8 @@ emulated on the CPU, and the fused kernels run by Triton's interpreter. "Before"
 step of before did: `nn.LayerNorm` for the edges' layer norms, the distance features in plain PyTorch, the
 backward kernel's gradients of the edges written in fp32 (and then rounded), the decoder's structure blocks
 gathered and added before its kernel, the edge update's residual and layer norm after its kernel, the edges'
-blocks of the first linear maps applied before the kernels.
+blocks of the first linear maps applied before the kernels, the edges' and their blocks' weights' gradients
+taken from the blocks' after the backward kernels (and the edge update's residual's added to its edges').
 """
 
 from __future__ import annotations
@@ -40,8 +41,11 @@ FP32, BF16 = "--mixed_precision no", "--mixed_precision bf16"
 FUSED, PRE = "--fused_kernels true", "--precompute_ref_log_probs"
 # what the step of before did, which its rows put back (count): nn.LayerNorm for the edges, the plain distance
 # features, the kernels' edge gradients in fp32, the decoder's structure blocks gathered and added before it,
-# the edge update's residual and layer norm after its kernel, the edge blocks applied before the kernels
-BEFORE = frozenset({"norms", "features", "gradients", "structure", "epilogue", "edge blocks"})
+# the edge update's residual and layer norm after its kernel, the edge blocks applied before the kernels, the
+# edges' gradients through W_e taken after the backward kernels, and the residual's added after
+BEFORE = frozenset(
+    {"norms", "features", "gradients", "structure", "epilogue", "edge blocks", "edge gradients"}
+)
 # row: (options, what it puts back)
 ROWS = {
     "fp32": (FP32, set()),
@@ -56,13 +60,17 @@ ROWS = {
     ),
     "bf16, fused, and the decoder's neighbours gathered in its kernel": (
         f"{BF16} {FUSED}",
-        {"epilogue", "edge blocks"},
+        {"epilogue", "edge blocks", "edge gradients"},
     ),
     "bf16, fused, and the edge update's residual and layer norm in its kernel": (
         f"{BF16} {FUSED}",
-        {"edge blocks"},
+        {"edge blocks", "edge gradients"},
     ),
-    "bf16, fused, and the edge blocks applied in the kernels": (f"{BF16} {FUSED}", set()),
+    "bf16, fused, and the edge blocks applied in the kernels": (f"{BF16} {FUSED}", {"edge gradients"}),
+    "bf16, fused, and the edges' gradients through the edge blocks in the kernels": (
+        f"{BF16} {FUSED}",
+        set(),
+    ),
     "fp32, precomputed reference": (f"{FP32} {PRE}", set()),
     "bf16, plain, precomputed reference, before": (f"{BF16} {PRE}", {"norms"}),
     "bf16, plain, precomputed reference": (f"{BF16} {PRE}", set()),
@@ -103,6 +111,15 @@ def count(row: str) -> None:
     if "features" in put_back:
         plain = features._neighbor_rbf
         features._neighbor_rbf = lambda D, atoms, E_idx, pairs, fuse: plain(D, atoms, E_idx, pairs, False)
+    if "edge gradients" in put_back:  # the blocks' gradients written, the edges' and W_e's by matrix products
+        fused._edge_gradients_in_kernel = lambda edge_out, edge_weight: False
+        edge_gradients = fused._edge_gradients
+
+        def added_after(d_edges, d_W_e, edges, W_e, added=None):  # noqa: ANN001, ANN202
+            d_edges, d_W_e = edge_gradients(d_edges, d_W_e, edges, W_e)  # the residual's: added after
+            return d_edges if added is None else d_edges + added, d_W_e
+
+        fused._edge_gradients = added_after
     if "edge blocks" in put_back:  # W_e applied to the edges by a linear map, its output read by the kernel
         for name in ("message_sum", "edge_messages", "edge_update"):
             fused_op = getattr(fused, name)

@@ -69,6 +69,9 @@ def compiled(kernel: str, form: str, config: triton.Config, arch: int) -> dict[s
     constants.update(zip((*fused._OPTIONAL, "EDGE_OUT"), flags, strict=True))
     if kernel == "forward":  # in training the layer norm's inputs are kept for the backward pass
         constants.update(NORM=norm, KEEP=norm)
+    else:
+        edge_gradients = fused._edge_gradients_in_kernel(constants["EDGE_OUT"], constants["HAS_EDGE_WEIGHT"])
+        constants.update(EDGE_GRADIENTS=edge_gradients)
     types = {name: POINTERS.get(name, "*bf16") for name in jit.arg_names} | {"M": "i32", "K": "i32"}
     if "d_edges" in types:  # in the dtype message_mlp_backward allocates for bf16 blocks
         blocks = (torch.empty(1, n, 128, dtype=torch.bfloat16, device="meta") for n in (K, N))

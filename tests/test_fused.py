@@ -166,12 +166,15 @@ def test_kernels_equal_the_plain_computation_and_its_gradients(form: str):
 
 
 @interpreted
-@pytest.mark.parametrize("form", ["decoder", "edge update", "edge update, normed"])
+@pytest.mark.parametrize(
+    "form", ["decoder", "edge update", "edge update, normed", "edge update, normed, the edges its residual"]
+)
 def test_the_kernels_are_operators_that_autograd_and_the_compiler_take_whole(form: str):
     """Each kernel is one operator (`dpo_inv::message_mlp`, its backward `dpo_inv::message_mlp_backward`;
-    the edge update with its layer norm `dpo_inv::edge_update`): `torch.library.opcheck` checks its
-    schema, shapes without running it (fake tensors), autograd and AOT dispatch; a compiled function that
-    calls it is one graph, without a break, and gives eager's values and gradients."""
+    the edge update with its layer norm `dpo_inv::edge_update`, its residual another tensor or, as the
+    layers call it, the edges): `torch.library.opcheck` checks its schema, shapes without running it (fake
+    tensors), autograd and AOT dispatch; a compiled function that calls it is one graph, without a break,
+    and gives eager's values and gradients."""
     torch.manual_seed(0)
     R, K, T, N = 5, 20, 9, 2 if form == "decoder" else 1
     edges, nodes, table, shared = leaf(R, K, H), leaf(R, N, H), leaf(T, N, H), leaf(T, H)
@@ -184,7 +187,8 @@ def test_the_kernels_are_operators_that_autograd_and_the_compiler_take_whole(for
     elif form == "edge update":
         args = (edges, nodes, table, index, None, None, None, W2, b2, W3, b3)
     else:
-        op, norm = fused.normed_edge_messages, (leaf(R, K, H), 1.0 + leaf(H, scale=0.1), leaf(H, scale=0.1))
+        residual = None if "residual" in form else leaf(R, K, H)
+        op, norm = fused.normed_edge_messages, (residual, 1.0 + leaf(H, scale=0.1), leaf(H, scale=0.1))
         args = (edges, nodes, table, index, W2, b2, W3, b3, *norm, 1e-5, True, W_e)
     torch.library.opcheck(op, args)
 
@@ -205,30 +209,38 @@ def test_the_backward_kernel_writes_the_edges_gradient_once_in_their_dtype():
     """With bf16 blocks, the backward kernel writes the edges' gradient in bf16 where each value is written
     once (a node sum over one sequence: the encoder's and the context layers' form), and in fp32 where it
     sums over the sequences (the decoder's) or where the edge update's kernel would spill converting; the
-    gradients autograd returns are in the blocks' dtype, within bf16 rounding of the fp32 ones."""
+    gradients autograd returns are in the blocks' dtype, within bf16 rounding of the fp32 ones. With the
+    edge block's weight ``W_e``, the node sums' kernel computes the edges' gradient through it and ``W_e``'s
+    itself; the edge update's writes the block's, from which autograd takes both."""
     torch.manual_seed(0)
     R, K, T = 3, 16, 5
     W2, b2, W3, b3 = (0.1 * torch.randn(H, H), torch.randn(H), 0.1 * torch.randn(H, H), torch.randn(H))
     index = torch.randint(0, T, (R, K))
-    for N, edge_out, kernel_dtype in (
-        (1, False, torch.bfloat16),
-        (2, False, torch.float32),
-        (1, True, torch.float32),
+    for N, edge_out, kernel_dtype, W_e in (
+        (1, False, torch.bfloat16, None),
+        (2, False, torch.float32, None),
+        (1, True, torch.float32, None),
+        (1, False, torch.bfloat16, leaf(H, H, scale=0.1)),
+        (2, False, torch.float32, leaf(H, H, scale=0.1)),
+        (1, True, torch.float32, leaf(H, H, scale=0.1)),
     ):
         blocks = [torch.randn(R, K, H), torch.randn(R, N, H), torch.randn(T, N, H)]
-        weights = (W2, b2, W3, b3) if edge_out else (W2, b2, None, None)
+        weights = (W2, b2, W3, b3, W_e) if edge_out else (W2, b2, None, None, W_e)
         low = [x.bfloat16().requires_grad_() for x in blocks]
         out = fused.message_mlp(*low, index, None, None, None, *weights)
         d_out = torch.randn_like(out)
-        d_edges = fused.message_mlp_backward(d_out, *low, index, None, None, None, *weights)[0]
-        assert d_edges.dtype == kernel_dtype
-        got = torch.autograd.grad(out, low, d_out)
+        gradients = fused.message_mlp_backward(d_out, *low, index, None, None, None, *weights)
+        assert gradients[0].dtype == kernel_dtype
+        assert gradients[-1].shape == ((H, H) if W_e is not None and not edge_out else (0,))
+        leaves = low if W_e is None else [*low, W_e]
+        got = torch.autograd.grad(out, leaves, d_out)
         high = [x.detach().float().requires_grad_() for x in low]
+        high_leaves = high if W_e is None else [*high, W_e]
         want = torch.autograd.grad(
-            fused.message_mlp(*high, index, None, None, None, *weights), high, d_out.float()
+            fused.message_mlp(*high, index, None, None, None, *weights), high_leaves, d_out.float()
         )
-        for a, b in zip(got, want, strict=True):
-            assert a.dtype == torch.bfloat16 and relative(a, b) < 2**-7
+        for a, b, x in zip(got, want, leaves, strict=True):
+            assert a.dtype == x.dtype and relative(a, b) < 2**-7
 
 
 @interpreted

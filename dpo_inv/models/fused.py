@@ -109,9 +109,10 @@ def edge_update(
     residual and layer norm in the kernel, which writes the normalised edges instead of the messages (and,
     where autograd will need them, the sums and their mean and reciprocal deviation, which the layer norm's
     backward pass reads). The messages and the sums are rounded to ``edges``' dtype, as the plain layer
-    rounds them; ``residual [R, K, H]``, ``norm_weight`` and ``norm_bias [H]``."""
+    rounds them; ``residual [R, K, H]`` (the layers': the edges themselves, whose two gradients the backward
+    pass then sums in one product), ``norm_weight`` and ``norm_bias [H]``."""
     blocks = _blocks(edges, nodes[:, None], table[:, None], index, None, None, None)
-    norm = (residual.contiguous(), norm_weight, norm_bias)
+    norm = (None if residual is edges else residual.contiguous(), norm_weight, norm_bias)
     return normed_edge_messages(*blocks[:4], W2, b2, W3, b3, *norm, eps, torch.is_grad_enabled(), W_e)[0]
 
 
@@ -246,14 +247,17 @@ def message_mlp_backward(
     W3: Tensor | None,
     b3: Tensor | None,
     W_e: Tensor | None = None,
-) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """The gradients of :func:`message_mlp`'s blocks and weights: ``edges, nodes, table, shared, W2, b2,
-    W3, b3`` (empty for a block or ``W3`` that is None); those of the edges and the neighbours' blocks as
-    the kernel wrote them (:func:`_gradients_out`; autograd rounds them to their inputs' dtype), the others
-    in their inputs' dtype. With ``W_e``, the edges' is that of their block (``W_e edges``), from which
-    autograd takes those of the edges and ``W_e``. The MLP is recomputed from the blocks, edge by edge."""
+    W3, b3, W_e`` (empty for a block or weight that is None); those of the edges and the neighbours' blocks
+    as the kernel wrote them (:func:`_gradients_out`; autograd rounds them to their inputs' dtype), the
+    others in their inputs' dtype. With ``W_e`` the kernel computes the edges' and ``W_e``'s through the
+    edge block ``W_e edges`` (:func:`_edge_gradients_in_kernel`), or writes the block's as the edges' and
+    an empty one for ``W_e``: autograd then takes both from it. The MLP is recomputed from the blocks, edge
+    by edge."""
     W2k, b2k, W3k, b3k, W_ek = _weights(_dot_dtype(edges.dtype), W2, b2, W3, b3, W_e)
     edge_out = W3 is not None
+    edge_gradients = _edge_gradients_in_kernel(edge_out, W_e is not None)
     R, K, H = edges.shape
     N = nodes.shape[1]
     programs = _num_programs(edges.device)
@@ -262,14 +266,13 @@ def message_mlp_backward(
     d_table, d_shared = (
         edges.new_empty(0) if x is None else torch.zeros(x.shape, **f32) for x in (table, shared)
     )
-    parts = 2 if edge_out else 1
-    d_weights = torch.empty(programs, parts, H, H, **f32)
-    d_biases = torch.empty(programs, parts, H, **f32)
+    d_weights = torch.empty(programs, 2 if edge_out or edge_gradients else 1, H, H, **f32)
+    d_biases = torch.empty(programs, 2 if edge_out else 1, H, **f32)
     _backward_kernel[(programs,)](
         *_pointers(edges, nodes, table, index, scale, weight, shared), W2k, b2k, W3k, b3k, W_ek,
         d_out.contiguous(), d_edges, d_nodes, d_table, d_shared, d_weights, d_biases,
         R * N, K, N=N, H=H, **_flags(table, scale, weight, shared, W_e), EDGE_OUT=edge_out,
-        DOT_DTYPE=_TL_DTYPE[W2k.dtype],
+        EDGE_GRADIENTS=edge_gradients, DOT_DTYPE=_TL_DTYPE[W2k.dtype],
     )  # fmt: skip
     d_weights, d_biases = d_weights.sum(0), d_biases.sum(0)
     absent = edges.new_empty  # each absent gradient a tensor of its own: an operator's outputs share nothing
@@ -282,7 +285,16 @@ def message_mlp_backward(
         d_biases[0].to(b2.dtype, copy=True),
         d_weights[1].to(W3.dtype, copy=True) if edge_out else absent(0),
         d_biases[1].to(b3.dtype, copy=True) if edge_out else absent(0),
+        d_weights[1].to(W_e.dtype, copy=True) if edge_gradients else absent(0),
     )
+
+
+def _edge_gradients_in_kernel(edge_out: bool, edge_weight: bool) -> bool:
+    """Whether the backward kernel computes the edges' and ``W_e``'s gradients through the edge block itself:
+    where it holds one weight gradient beside ``W_e``'s (the node sums' forms). The edge update's kernel
+    (``edge_out``) holds ``W2``'s and ``W3``'s, and a third would not fit its registers: it writes the
+    block's gradient."""
+    return edge_weight and not edge_out
 
 
 def _gradients_out(edges: Tensor, nodes: Tensor, edge_out: bool) -> tuple[Tensor, Tensor]:
@@ -306,7 +318,9 @@ def _(
         for x in (table, shared)
     )
     d_weights = (edges.new_empty(0) if x is None else torch.empty_like(x) for x in (W2, b2, W3, b3))
-    return d_edges, d_nodes, *d_tables, *d_weights
+    in_kernel = _edge_gradients_in_kernel(W3 is not None, W_e is not None)
+    d_W_e = torch.empty_like(W_e) if in_kernel else edges.new_empty(0)
+    return d_edges, d_nodes, *d_tables, *d_weights, d_W_e
 
 
 def _save_blocks(ctx, inputs: tuple, output: Tensor) -> None:  # noqa: ANN001
@@ -315,10 +329,10 @@ def _save_blocks(ctx, inputs: tuple, output: Tensor) -> None:  # noqa: ANN001
 
 def _gradients(ctx, d_out: Tensor) -> tuple[Tensor | None, ...]:  # noqa: ANN001
     edges, nodes, table, index, scale, weight, shared, W2, b2, W3, b3, W_e = ctx.saved_tensors
-    d_edges, d_nodes, d_table, d_shared, d_W2, d_b2, d_W3, d_b3 = message_mlp_backward(
+    d_edges, d_nodes, d_table, d_shared, d_W2, d_b2, d_W3, d_b3, d_W_e = message_mlp_backward(
         d_out, edges, nodes, table, index, scale, weight, shared, W2, b2, W3, b3, W_e
     )
-    d_edges, d_W_e = _edge_block_gradients(d_edges, edges, W_e)
+    d_edges, d_W_e = _edge_gradients(d_edges, d_W_e, edges, W_e)
     present = W3 is not None
     return (
         d_edges, d_nodes, d_table.to(table.dtype) if table is not None else None, None, None,
@@ -327,15 +341,20 @@ def _gradients(ctx, d_out: Tensor) -> tuple[Tensor | None, ...]:  # noqa: ANN001
     )  # fmt: skip
 
 
-def _edge_block_gradients(d_block: Tensor, edges: Tensor, W_e: Tensor | None) -> tuple[Tensor, Tensor | None]:
-    """The gradients of ``edges`` and ``W_e`` from that of the edge block the kernel wrote (rounded to the
-    edges' dtype): the block's where ``W_e`` is None (the edges are the block)."""
-    d_block = d_block.to(edges.dtype)
-    if W_e is None:
-        return d_block, None
-    rows = d_block.flatten(0, 1)
+def _edge_gradients(
+    d_edges: Tensor, d_W_e: Tensor, edges: Tensor, W_e: Tensor | None, added: Tensor | None = None
+) -> tuple[Tensor, Tensor | None]:
+    """The gradients of ``edges`` (in their dtype) and ``W_e`` from :func:`message_mlp_backward`'s: as the
+    kernel computed them, or, where it wrote the edge block's instead (``d_W_e`` empty), from that block's;
+    the block's where ``W_e`` is None (the edges are the block). ``added``: a gradient of the edges from
+    elsewhere, summed in (by the product through ``W_e``, which then reads it instead of writing a sum)."""
+    d_edges = d_edges.to(edges.dtype)
+    if W_e is None or d_W_e.numel():
+        return d_edges if added is None else d_edges + added, d_W_e if W_e is not None else None
+    rows, through = d_edges.flatten(0, 1), W_e.to(edges.dtype)
     d_W_e = (rows.T @ edges.flatten(0, 1)).to(W_e.dtype)
-    return (rows @ W_e.to(edges.dtype)).view_as(edges), d_W_e
+    d_edges = rows @ through if added is None else torch.addmm(added.flatten(0, 1), rows, through)
+    return d_edges.view_as(edges), d_W_e
 
 
 message_mlp.register_autograd(_gradients, setup_context=_save_blocks)
@@ -351,18 +370,19 @@ def normed_edge_messages(
     b2: Tensor,
     W3: Tensor,
     b3: Tensor,
-    residual: Tensor,
+    residual: Tensor | None,
     norm_weight: Tensor,
     norm_bias: Tensor,
     eps: float,
     keep: bool,
     W_e: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """:func:`edge_update` on blocks from :func:`_blocks`: the normalised edges ``[R, K, H]``; with ``keep``
-    the sums ``[R, K, H]`` and their means and reciprocal deviations ``[R, K, 1]`` (fp32) for the backward
-    pass, else empty tensors."""
+    """:func:`edge_update` on blocks from :func:`_blocks` (``residual`` None: the edges): the normalised
+    edges ``[R, K, H]``; with ``keep`` the sums ``[R, K, H]`` and their means and reciprocal deviations
+    ``[R, K, 1]`` (fp32) for the backward pass, else empty tensors."""
     out, *kept = _normed_outputs(edges, keep)
-    norm = (residual, norm_weight, norm_bias, *kept) if keep else (residual, norm_weight, norm_bias)
+    norm = (edges if residual is None else residual, norm_weight, norm_bias)
+    norm += tuple(kept) if keep else ()
     _forward(edges, nodes, table, index, None, None, None, W2, b2, W3, b3, W_e, out, norm, eps)
     return out, *kept
 
@@ -391,7 +411,8 @@ def _save_normed(ctx, inputs: tuple, output: tuple) -> None:  # noqa: ANN001
 
 def _normed_gradients(ctx, d_out: Tensor, *unused: Tensor) -> tuple[Tensor | None, ...]:  # noqa: ANN001
     """The layer norm's backward pass on the sums the kernel kept, then the edge update's kernel on the
-    gradient of the sums, which is also the residual's."""
+    gradient of the sums, which is also the residual's (where the residual is the edges, summed with theirs
+    in the product that takes it through the edge block)."""
     edges, nodes, table, index, W2, b2, W3, b3, residual, norm_weight, norm_bias, W_e, *kept = (
         ctx.saved_tensors
     )
@@ -401,13 +422,14 @@ def _normed_gradients(ctx, d_out: Tensor, *unused: Tensor) -> tuple[Tensor | Non
     d_sums, d_norm_weight, d_norm_bias = torch.ops.aten.native_layer_norm_backward(
         d_out, sums, sums.shape[-1:], mean, rstd, norm_weight, norm_bias, [True, True, True]
     )
-    d_edges, d_nodes, d_table, _, d_W2, d_b2, d_W3, d_b3 = message_mlp_backward(
+    d_edges, d_nodes, d_table, _, d_W2, d_b2, d_W3, d_b3, d_W_e = message_mlp_backward(
         d_sums, edges, nodes, table, index, None, None, None, W2, b2, W3, b3, W_e
     )
-    d_edges, d_W_e = _edge_block_gradients(d_edges, edges, W_e)
+    d_residual = None if residual is None else d_sums.to(residual.dtype)
+    d_edges, d_W_e = _edge_gradients(d_edges, d_W_e, edges, W_e, d_sums if residual is None else None)
     return (
         d_edges, d_nodes, d_table.to(table.dtype), None, d_W2, d_b2, d_W3, d_b3,
-        d_sums.to(residual.dtype), d_norm_weight, d_norm_bias, None, None, d_W_e,
+        d_residual, d_norm_weight, d_norm_bias, None, None, d_W_e,
     )  # fmt: skip
 
 
@@ -524,8 +546,9 @@ if triton is not None:
     ):  # fmt: skip
         """``pre [BLOCK_M, BLOCK_K, H]`` (fp32) of nodes ``m0 + i`` and their edges ``k0 + j``; which of
         them exist and the weight of each message ``[BLOCK_M, BLOCK_K]`` (0 where none); the edges' rows in
-        ``edges``; the neighbours' rows in ``table`` and in ``shared``. With ``HAS_EDGE_WEIGHT`` the edges'
-        block is ``W_e`` (an ``[H, H]`` matrix) times their rows."""
+        ``edges``; the neighbours' rows in ``table`` and in ``shared``; the edges' states ``[BLOCK_M,
+        BLOCK_K, H]``. With ``HAS_EDGE_WEIGHT`` the edges' block is ``W_e`` (an ``[H, H]`` matrix) times
+        their states."""
         m = m0 + tl.arange(0, BLOCK_M)
         k = k0 + tl.arange(0, BLOCK_K)
         h = tl.arange(0, H)
@@ -533,9 +556,10 @@ if triton is not None:
         n = m % N
         valid = (m < M)[:, None] & (k < K)[None, :]
         edge = r[:, None] * K + k[None, :]
-        pre = tl.load(edges + edge[:, :, None] * H + h[None, None, :], mask=valid[:, :, None], other=0.0)
+        states = tl.load(edges + edge[:, :, None] * H + h[None, None, :], mask=valid[:, :, None], other=0.0)
+        pre = states
         if HAS_EDGE_WEIGHT:  # as the products of the MLP: the matrix times the transposed edge rows
-            rows = tl.trans(tl.reshape(pre, [BLOCK_M * BLOCK_K, H]))
+            rows = tl.trans(tl.reshape(states, [BLOCK_M * BLOCK_K, H]))
             pre = tl.reshape(tl.trans(_dot(W_e, rows, DOT_DTYPE)), [BLOCK_M, BLOCK_K, H])
         node = tl.load(nodes + m.to(tl.int64)[:, None] * H + h[None, :], mask=(m < M)[:, None], other=0.0)
         pre = pre.to(tl.float32) + node.to(tl.float32)[:, None, :]
@@ -558,7 +582,7 @@ if triton is not None:
         factor = valid.to(tl.float32)
         if HAS_WEIGHT:
             factor *= tl.load(weight + edge * N + n[:, None], mask=valid, other=0.0)
-        return pre, valid, factor, edge, row, shared_row
+        return pre, valid, factor, edge, row, shared_row, states
 
     @triton.autotune(
         # none spills on sm_90; (8, 16, 8, 2) spilled 0.2-0.3 KB a thread and is left out
@@ -591,7 +615,7 @@ if triton is not None:
             beta = tl.load(norm_bias + h).to(tl.float32)
         acc = tl.zeros([BLOCK_M, H], dtype=tl.float32)
         for k0 in range(0, K, BLOCK_K):
-            pre, valid, factor, edge, row, shared_row = _pre(
+            pre, valid, factor, edge, row, shared_row, _ = _pre(
                 edges, nodes, table, index, scale, weight, shared, W_en, m0, k0, M, K, N, H, BLOCK_M,
                 BLOCK_K, HAS_TABLE, HAS_SCALE, HAS_WEIGHT, HAS_SHARED, HAS_EDGE_WEIGHT, DOT_DTYPE,
             )  # fmt: skip
@@ -624,12 +648,12 @@ if triton is not None:
                      mask=(m < M)[:, None])  # fmt: skip
 
     @triton.autotune(
-        # per-thread spills on sm_90 (`scripts/fused_check.py --compile_only`): none for (1, 16, 8, 2);
-        # none for (1, 16, 8, 3), (2, 16, 8, 2) and (1, 32, 8, 2) but the edge update's 24-248 bytes (and
-        # the decoder's 52 at (2, 16, 8, 2), the encoder's 8 at (1, 32, 8, 2)); 0.2-1.5 KB for (4, 16, 8, 2)
-        # and (2, 32, 8, 2); tiles on 4 warps, and of 8 x 16 edges, spill 0.7-3.3 KB and are left out
+        # per-thread spills on sm_90 (`scripts/fused_check.py --compile_only`, Triton 3.9): none for
+        # (1, 16, 8, 2); none to 252 bytes for (1, 16, 8, 3), (2, 16, 8, 2) and (1, 32, 8, 2); 0.2-1.4 KB
+        # for (4, 16, 8, 2) and (2, 32, 8, 2); tiles on 4 warps, and of 8 x 16 edges, spilled 0.7-3.3 KB
+        # before the kernel took the edges' gradients through W_e, and are left out
         _configs((1, 16, 8, 2), (1, 16, 8, 3), (2, 16, 8, 2), (1, 32, 8, 2), (4, 16, 8, 2), (2, 32, 8, 2)),
-        key=_TUNED_BY,
+        key=[*_TUNED_BY, "EDGE_GRADIENTS"],
         reset_to_zero=["d_edges", "d_table", "d_shared"],
     )
     @triton.jit(do_not_specialize=["M"])
@@ -638,7 +662,8 @@ if triton is not None:
         d_out, d_edges, d_nodes, d_table, d_shared, d_weights, d_biases, M, K,
         N: tl.constexpr, H: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
         HAS_TABLE: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_SHARED: tl.constexpr,
-        HAS_EDGE_WEIGHT: tl.constexpr, EDGE_OUT: tl.constexpr, DOT_DTYPE: tl.constexpr,
+        HAS_EDGE_WEIGHT: tl.constexpr, EDGE_OUT: tl.constexpr, EDGE_GRADIENTS: tl.constexpr,
+        DOT_DTYPE: tl.constexpr,
     ):  # fmt: skip
         pid = tl.program_id(0)
         h = tl.arange(0, H)
@@ -649,6 +674,9 @@ if triton is not None:
             W_en = _square(W_e, H, False)
         if EDGE_OUT:
             W3t = _square(W3, H, True)
+        if EDGE_GRADIENTS:
+            W_et = _square(W_e, H, True)
+            d_W_e = tl.zeros([H, H], dtype=tl.float32)
         bias2 = tl.load(b2 + h).to(tl.float32)
         d_W2 = tl.zeros([H, H], dtype=tl.float32)
         d_b2 = tl.zeros([H], dtype=tl.float32)
@@ -663,7 +691,7 @@ if triton is not None:
                 d_sum = tl.load(d_out + rows, mask=(m < M)[:, None], other=0.0).to(tl.float32)
             d_node = tl.zeros([BLOCK_M, H], dtype=tl.float32)
             for k0 in range(0, K, BLOCK_K):
-                pre, valid, factor, edge, row, shared_row = _pre(
+                pre, valid, factor, edge, row, shared_row, states = _pre(
                     edges, nodes, table, index, scale, weight, shared, W_en, m0, k0, M, K, N, H, BLOCK_M,
                     BLOCK_K, HAS_TABLE, HAS_SCALE, HAS_WEIGHT, HAS_SHARED, HAS_EDGE_WEIGHT, DOT_DTYPE,
                 )  # fmt: skip
@@ -689,14 +717,19 @@ if triton is not None:
                 d_hidden1 = tl.trans(_dot(W2t, d_z2, DOT_DTYPE))
                 d_pre = tl.reshape(d_hidden1, [BLOCK_M, BLOCK_K, H]) * _gelu_grad(pre)
                 d_node += tl.sum(d_pre, axis=1)
+                d_edge = d_pre  # the edges' gradient: the block's, or through W_e
+                if EDGE_GRADIENTS:  # as W_e's linear map's backward pass, transposed as the products above
+                    d_rows = tl.trans(tl.reshape(d_pre, [BLOCK_M * BLOCK_K, H]))
+                    d_W_e += _dot(d_rows, tl.reshape(states, [BLOCK_M * BLOCK_K, H]), DOT_DTYPE)
+                    d_edge = tl.reshape(tl.trans(_dot(W_et, d_rows, DOT_DTYPE)), [BLOCK_M, BLOCK_K, H])
                 if N == 1:
                     at_edges = d_edges + edge[:, :, None] * H + h[None, None, :]
-                    tl.store(at_edges, d_pre.to(d_edges.dtype.element_ty), mask=valid[:, :, None])
+                    tl.store(at_edges, d_edge.to(d_edges.dtype.element_ty), mask=valid[:, :, None])
                 elif BLOCK_M % N == 0 and (N & (N - 1)) == 0:  # a program holds every n of its edges
                     G: tl.constexpr = BLOCK_M // N
                     r = m0 // N + tl.arange(0, G)
                     k = k0 + tl.arange(0, BLOCK_K)
-                    summed = tl.sum(tl.reshape(d_pre, [G, N, BLOCK_K, H]), axis=1)
+                    summed = tl.sum(tl.reshape(d_edge, [G, N, BLOCK_K, H]), axis=1)
                     at_summed = (
                         d_edges
                         + (r.to(tl.int64)[:, None] * K + k[None, :])[:, :, None] * H
@@ -705,7 +738,7 @@ if triton is not None:
                     tl.store(at_summed, summed, mask=((r * N < M)[:, None] & (k < K)[None, :])[:, :, None])
                 else:
                     tl.atomic_add(
-                        d_edges + edge[:, :, None] * H + h[None, None, :], d_pre, mask=on[:, :, None]
+                        d_edges + edge[:, :, None] * H + h[None, None, :], d_edge, mask=on[:, :, None]
                     )
                 if HAS_SHARED:
                     at_shared = d_shared + shared_row[:, :, None] * H + h[None, None, :]
@@ -723,12 +756,15 @@ if triton is not None:
                     )
             tl.store(d_nodes + rows, d_node.to(d_nodes.dtype.element_ty), mask=(m < M)[:, None])
         square = h[:, None] * H + h[None, :]
-        parts = 2 if EDGE_OUT else 1
-        tl.store(d_weights + pid * parts * H * H + square, d_W2)
-        tl.store(d_biases + pid * parts * H + h, d_b2)
+        weights = 2 if EDGE_OUT or EDGE_GRADIENTS else 1  # W2's, then W3's or W_e's
+        biases = 2 if EDGE_OUT else 1
+        tl.store(d_weights + pid * weights * H * H + square, d_W2)
+        tl.store(d_biases + pid * biases * H + h, d_b2)
         if EDGE_OUT:
-            tl.store(d_weights + (pid * parts + 1) * H * H + square, d_W3)
-            tl.store(d_biases + (pid * parts + 1) * H + h, d_b3)
+            tl.store(d_weights + (pid * weights + 1) * H * H + square, d_W3)
+            tl.store(d_biases + (pid * biases + 1) * H + h, d_b3)
+        if EDGE_GRADIENTS:
+            tl.store(d_weights + (pid * weights + 1) * H * H + square, d_W_e)
 
     @triton.jit
     def _rbf_kernel(
