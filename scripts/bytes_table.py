@@ -1,7 +1,7 @@
 """The bytes a DPO step moves per pair, counted operator by operator, for the step of now and of before: the
 table of docs/benchmarks.md, "Bytes a step moves". No GPU needed.
 
-    python scripts/bytes_table.py            # 16 rows, about 24 minutes on two CPU cores
+    python scripts/bytes_table.py            # 17 rows, about 25 minutes on two CPU cores
 
 Each row is one `scripts/benchmark.py` process (one warm-up micro-batch of 2 structures of 150 residues,
 whose operators it counts; `megabytes_moved_per_pair`), with CUDA's autocast policy for layer norms (fp32)
@@ -10,7 +10,8 @@ step of before did: `nn.LayerNorm` for the edges' layer norms, the distance feat
 backward kernel's gradients of the edges written in fp32 (and then rounded), the decoder's structure blocks
 gathered and added before its kernel, the edge update's residual and layer norm after its kernel, the edges'
 blocks of the first linear maps applied before the kernels, the edges' and their blocks' weights' gradients
-taken from the blocks' after the backward kernels (and the edge update's residual's added to its edges').
+taken from the blocks' after the backward kernels (and the edge update's residual's added to its edges'),
+the edge update's kernel's gradient of the edges written in fp32.
 """
 
 from __future__ import annotations
@@ -42,9 +43,19 @@ FUSED, PRE = "--fused_kernels true", "--precompute_ref_log_probs"
 # what the step of before did, which its rows put back (count): nn.LayerNorm for the edges, the plain distance
 # features, the kernels' edge gradients in fp32, the decoder's structure blocks gathered and added before it,
 # the edge update's residual and layer norm after its kernel, the edge blocks applied before the kernels, the
-# edges' gradients through W_e taken after the backward kernels, and the residual's added after
+# edges' gradients through W_e taken after the backward kernels, and the residual's added after, the edge
+# update's edge gradients in fp32
 BEFORE = frozenset(
-    {"norms", "features", "gradients", "structure", "epilogue", "edge blocks", "edge gradients"}
+    {
+        "norms",
+        "features",
+        "gradients",
+        "structure",
+        "epilogue",
+        "edge blocks",
+        "edge gradients",
+        "edge update",
+    }
 )
 # row: (options, what it puts back)
 ROWS = {
@@ -60,17 +71,21 @@ ROWS = {
     ),
     "bf16, fused, and the decoder's neighbours gathered in its kernel": (
         f"{BF16} {FUSED}",
-        {"epilogue", "edge blocks", "edge gradients"},
+        {"epilogue", "edge blocks", "edge gradients", "edge update"},
     ),
     "bf16, fused, and the edge update's residual and layer norm in its kernel": (
         f"{BF16} {FUSED}",
-        {"edge blocks", "edge gradients"},
+        {"edge blocks", "edge gradients", "edge update"},
     ),
-    "bf16, fused, and the edge blocks applied in the kernels": (f"{BF16} {FUSED}", {"edge gradients"}),
+    "bf16, fused, and the edge blocks applied in the kernels": (
+        f"{BF16} {FUSED}",
+        {"edge gradients", "edge update"},
+    ),
     "bf16, fused, and the edges' gradients through the edge blocks in the kernels": (
         f"{BF16} {FUSED}",
-        set(),
+        {"edge update"},
     ),
+    "bf16, fused, and the edge update's edge gradients in bf16": (f"{BF16} {FUSED}", set()),
     "fp32, precomputed reference": (f"{FP32} {PRE}", set()),
     "bf16, plain, precomputed reference, before": (f"{BF16} {PRE}", {"norms"}),
     "bf16, plain, precomputed reference": (f"{BF16} {PRE}", set()),
@@ -93,10 +108,21 @@ def count(row: str) -> None:
 
         fused.message_sum = added_before
     if "gradients" in put_back:
-        fused._gradients_out = lambda edges, nodes, edge_out: (
+        fused._gradients_out = lambda edges, nodes: (
             (torch.empty if nodes.shape[1] == 1 else torch.zeros)(edges.shape, dtype=torch.float32),
             torch.empty_like(nodes),
         )
+    if "edge update" in put_back:  # its kernel wrote the edges' gradient in fp32, rounded after
+        backward, gradients_out = fused.message_mlp_backward, fused._gradients_out
+
+        def fp32_out(edges, nodes):  # noqa: ANN001, ANN202
+            return edges.new_empty(edges.shape, dtype=torch.float32), torch.empty_like(nodes)
+
+        def in_fp32(d_out, edges, nodes, *args):  # noqa: ANN001, ANN002, ANN202
+            fused._gradients_out = fp32_out if args[7] is not None else gradients_out  # W3: the edge update's
+            return backward(d_out, edges, nodes, *args)
+
+        fused.message_mlp_backward = in_fp32
     if "epilogue" in put_back:  # the messages written, then added and normalised by the layer's norm
         norm = layers.AutocastLayerNorm(128)
 

@@ -207,11 +207,11 @@ def test_the_kernels_are_operators_that_autograd_and_the_compiler_take_whole(for
 @interpreted
 def test_the_backward_kernel_writes_the_edges_gradient_once_in_their_dtype():
     """With bf16 blocks, the backward kernel writes the edges' gradient in bf16 where each value is written
-    once (a node sum over one sequence: the encoder's and the context layers' form), and in fp32 where it
-    sums over the sequences (the decoder's) or where the edge update's kernel would spill converting; the
-    gradients autograd returns are in the blocks' dtype, within bf16 rounding of the fp32 ones. With the
-    edge block's weight ``W_e``, the node sums' kernel computes the edges' gradient through it and ``W_e``'s
-    itself; the edge update's writes the block's, from which autograd takes both."""
+    once (one sequence per structure: the encoder's two MLPs and the context layers'), and in fp32 where it
+    sums over the sequences (the decoder's); the gradients autograd returns are in the blocks' dtype, within
+    bf16 rounding of the fp32 ones. With the edge block's weight ``W_e``, the node sums' kernel computes the
+    edges' gradient through it and ``W_e``'s itself; the edge update's writes the block's, from which
+    autograd takes both."""
     torch.manual_seed(0)
     R, K, T = 3, 16, 5
     W2, b2, W3, b3 = (0.1 * torch.randn(H, H), torch.randn(H), 0.1 * torch.randn(H, H), torch.randn(H))
@@ -219,10 +219,10 @@ def test_the_backward_kernel_writes_the_edges_gradient_once_in_their_dtype():
     for N, edge_out, kernel_dtype, W_e in (
         (1, False, torch.bfloat16, None),
         (2, False, torch.float32, None),
-        (1, True, torch.float32, None),
+        (1, True, torch.bfloat16, None),
         (1, False, torch.bfloat16, leaf(H, H, scale=0.1)),
         (2, False, torch.float32, leaf(H, H, scale=0.1)),
-        (1, True, torch.float32, leaf(H, H, scale=0.1)),
+        (1, True, torch.bfloat16, leaf(H, H, scale=0.1)),
     ):
         blocks = [torch.randn(R, K, H), torch.randn(R, N, H), torch.randn(T, N, H)]
         weights = (W2, b2, W3, b3, W_e) if edge_out else (W2, b2, None, None, W_e)
