@@ -95,6 +95,13 @@ ROWS = {
 BENCHMARK = "--lengths 150 --batch_sizes 2 --steps 1 --warmup 1 --work_dir outputs/bytes_table"
 
 
+def fp32_gradients_out(edges: torch.Tensor, nodes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The backward kernel's outputs of before: the edges' gradient in fp32 (zeros where it summed them over
+    the sequences with atomic adds)."""
+    fill = torch.empty if nodes.shape[1] == 1 else torch.zeros
+    return fill(edges.shape, dtype=torch.float32), torch.empty_like(nodes)
+
+
 def count(row: str) -> None:
     """In this process: the benchmark of one row."""
     options, put_back = ROWS[row]
@@ -108,19 +115,13 @@ def count(row: str) -> None:
 
         fused.message_sum = added_before
     if "gradients" in put_back:
-        fused._gradients_out = lambda edges, nodes: (
-            (torch.empty if nodes.shape[1] == 1 else torch.zeros)(edges.shape, dtype=torch.float32),
-            torch.empty_like(nodes),
-        )
+        fused._gradients_out = fp32_gradients_out
     if "edge update" in put_back:  # its kernel wrote the edges' gradient in fp32, rounded after
         backward, gradients_out = fused.message_mlp_backward, fused._gradients_out
 
-        def fp32_out(edges, nodes):  # noqa: ANN001, ANN202
-            return edges.new_empty(edges.shape, dtype=torch.float32), torch.empty_like(nodes)
-
-        def in_fp32(d_out, edges, nodes, *args):  # noqa: ANN001, ANN002, ANN202
-            fused._gradients_out = fp32_out if args[7] is not None else gradients_out  # W3: the edge update's
-            return backward(d_out, edges, nodes, *args)
+        def in_fp32(d_out, edges, nodes, table, index, scale, weight, shared, W2, b2, W3, *rest):  # noqa: ANN001, ANN002, ANN202
+            fused._gradients_out = gradients_out if W3 is None else fp32_gradients_out  # W3: the edge update
+            return backward(d_out, edges, nodes, table, index, scale, weight, shared, W2, b2, W3, *rest)
 
         fused.message_mlp_backward = in_fp32
     if "epilogue" in put_back:  # the messages written, then added and normalised by the layer's norm
