@@ -1,7 +1,7 @@
 """The bytes a DPO step moves per pair, counted operator by operator, for the step of now and of before: the
 table of docs/benchmarks.md, "Bytes a step moves". No GPU needed.
 
-    python scripts/bytes_table.py            # 17 rows, about 25 minutes on two CPU cores
+    python scripts/bytes_table.py            # 18 rows, about 26 minutes on two CPU cores
 
 Each row is one `scripts/benchmark.py` process (one warm-up micro-batch of 2 structures of 150 residues,
 whose operators it counts; `megabytes_moved_per_pair`), with CUDA's autocast policy for layer norms (fp32)
@@ -11,7 +11,8 @@ backward kernel's gradients of the edges written in fp32 (and then rounded), the
 gathered and added before its kernel, the edge update's residual and layer norm after its kernel, the edges'
 blocks of the first linear maps applied before the kernels, the edges' and their blocks' weights' gradients
 taken from the blocks' after the backward kernels (and the edge update's residual's added to its edges'),
-the edge update's kernel's gradient of the edges written in fp32.
+the edge update's kernel's gradient of the edges written in fp32, the decoder's kernel's summed over its
+sequences with fp32 atomic adds (and then rounded).
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ FUSED, PRE = "--fused_kernels true", "--precompute_ref_log_probs"
 # features, the kernels' edge gradients in fp32, the decoder's structure blocks gathered and added before it,
 # the edge update's residual and layer norm after its kernel, the edge blocks applied before the kernels, the
 # edges' gradients through W_e taken after the backward kernels, and the residual's added after, the edge
-# update's edge gradients in fp32
+# update's edge gradients in fp32, the decoder's summed over its sequences in fp32 by atomic adds
 BEFORE = frozenset(
     {
         "norms",
@@ -55,6 +56,7 @@ BEFORE = frozenset(
         "edge blocks",
         "edge gradients",
         "edge update",
+        "decoder sums",
     }
 )
 # row: (options, what it puts back)
@@ -71,21 +73,22 @@ ROWS = {
     ),
     "bf16, fused, and the decoder's neighbours gathered in its kernel": (
         f"{BF16} {FUSED}",
-        {"epilogue", "edge blocks", "edge gradients", "edge update"},
+        {"epilogue", "edge blocks", "edge gradients", "edge update", "decoder sums"},
     ),
     "bf16, fused, and the edge update's residual and layer norm in its kernel": (
         f"{BF16} {FUSED}",
-        {"edge blocks", "edge gradients", "edge update"},
+        {"edge blocks", "edge gradients", "edge update", "decoder sums"},
     ),
     "bf16, fused, and the edge blocks applied in the kernels": (
         f"{BF16} {FUSED}",
-        {"edge gradients", "edge update"},
+        {"edge gradients", "edge update", "decoder sums"},
     ),
     "bf16, fused, and the edges' gradients through the edge blocks in the kernels": (
         f"{BF16} {FUSED}",
-        {"edge update"},
+        {"edge update", "decoder sums"},
     ),
-    "bf16, fused, and the edge update's edge gradients in bf16": (f"{BF16} {FUSED}", set()),
+    "bf16, fused, and the edge update's edge gradients in bf16": (f"{BF16} {FUSED}", {"decoder sums"}),
+    "bf16, fused, and the decoder's edge gradients summed in its kernel": (f"{BF16} {FUSED}", set()),
     "fp32, precomputed reference": (f"{FP32} {PRE}", set()),
     "bf16, plain, precomputed reference, before": (f"{BF16} {PRE}", {"norms"}),
     "bf16, plain, precomputed reference": (f"{BF16} {PRE}", set()),
@@ -114,6 +117,11 @@ def count(row: str) -> None:
             return message_sum(edges, nodes, W2, b2, table, index, scale, weight)
 
         fused.message_sum = added_before
+    if "decoder sums" in put_back:  # first: "edge update" keeps the rule it finds for the other kernels
+        gradients_out = fused._gradients_out
+        fused._gradients_out = lambda edges, nodes: (
+            gradients_out(edges, nodes) if nodes.shape[1] == 1 else fp32_gradients_out(edges, nodes)
+        )
     if "gradients" in put_back:
         fused._gradients_out = fp32_gradients_out
     if "edge update" in put_back:  # its kernel wrote the edges' gradient in fp32, rounded after

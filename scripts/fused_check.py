@@ -71,8 +71,9 @@ def compiled(kernel: str, form: str, config: triton.Config, arch: int) -> dict[s
         constants.update(NORM=norm, KEEP=norm)
     else:
         edge_gradients = fused._edge_gradients_in_kernel(constants["EDGE_OUT"], constants["HAS_EDGE_WEIGHT"])
-        constants.update(EDGE_GRADIENTS=edge_gradients)
-    types = {name: POINTERS.get(name, "*bf16") for name in jit.arg_names} | {"M": "i32", "K": "i32"}
+        constants.update(EDGE_GRADIENTS=edge_gradients, N_BLOCK=triton.next_power_of_2(N))
+    types = {name: POINTERS.get(name, "*bf16") for name in jit.arg_names}
+    types |= {"M": "i32", "R": "i32", "K": "i32"}
     if "d_edges" in types:  # in the dtype message_mlp_backward allocates for bf16 blocks
         blocks = (torch.empty(1, n, 128, dtype=torch.bfloat16, device="meta") for n in (K, N))
         d_edges = fused._gradients_out(*blocks)[0]
@@ -109,13 +110,38 @@ def ptxas_stats(
         out = ptx.with_suffix(".o")
         command = [get_ptxas(arch).path, "-v", f"--gpu-name={name}", str(ptx), "-o", str(out)]
         log = subprocess.run(command, capture_output=True, text=True, check=True).stderr
+        nvdisasm = Path(get_ptxas(arch).path).with_name("nvdisasm")
+        sass = subprocess.run([nvdisasm, "-c", str(out)], capture_output=True, text=True, check=True).stdout
     registers = re.search(r"Used (\d+) registers", log)
     spilled = re.search(r"(\d+) bytes spill stores", log)
     return {
         "shared": binary.metadata.shared,
         "registers": int(registers.group(1)) if registers else 0,
         "spilled": int(spilled.group(1)) if spilled else 0,
+        "in_loops": spill_accesses_in_loops(sass),
     }
+
+
+def spill_accesses_in_loops(sass: str) -> int:
+    """The local-memory loads and stores (``LDL``, ``STL``: the spills) of a disassembled kernel that lie in
+    a loop, between a branch back and its target: those its tiles run again and again, where those before
+    and after the loops run once per program."""
+    at, labels, accesses, loops = None, {}, [], []
+    for line in sass.splitlines():
+        label = re.match(r"\s*\.(L_x_\d+):", line)
+        address = re.search(r"/\*([0-9a-f]{4,})\*/", line)
+        if label:
+            at = label.group(1)
+        elif address:
+            address = int(address.group(1), 16)
+            if at:
+                labels[at], at = address, None
+            if re.search(r"\b(LDL|STL)\b", line):
+                accesses.append(address)
+            target = re.search(r"\bBRA\b.*`\(\.(L_x_\d+)\)", line)
+            if target and labels.get(target.group(1), address) < address:
+                loops.append((labels[target.group(1)], address))
+    return sum(any(start <= x <= end for start, end in loops) for x in accesses)
 
 
 def described(config: triton.Config) -> str:
@@ -137,11 +163,12 @@ def compile_all(forms: list[str], arch: int, only: triton.Config | None = None) 
                 stats = compiled(kernel, form, config, arch)
                 fits &= stats["shared"] <= 1024 * SHARED_MEMORY_KB.get(arch, 99)
                 print(f"{kernel:8s} {form:11s} {shape}: shared {stats['shared'] / 1024:.0f} KB, "
-                      f"{stats['registers']} registers, {stats['spilled']} bytes spilled",
-                      flush=True)  # fmt: skip
+                      f"{stats['registers']} registers, {stats['spilled']} bytes spilled, "
+                      f"{stats['in_loops']} spill accesses in loops", flush=True)  # fmt: skip
     stats = compiled_rbf(arch)
     print(f"rbf      features    {fused._RBF_EDGES} edges, 4 warps: shared {stats['shared'] / 1024:.0f} KB, "
-          f"{stats['registers']} registers, {stats['spilled']} bytes spilled", flush=True)  # fmt: skip
+          f"{stats['registers']} registers, {stats['spilled']} bytes spilled, "
+          f"{stats['in_loops']} spill accesses in loops", flush=True)  # fmt: skip
     return fits
 
 

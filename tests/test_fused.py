@@ -54,9 +54,11 @@ def test_the_kernels_compile_for_an_h100_on_a_machine_without_one():
     """Triton's compiler and ptxas, not the interpreter, build the kernels for sm_90, as a GPU would at its
     first step: the message MLPs' in the decoder's form (gathered neighbours scaled by visibility, two
     sequences) and the encoder's edge update (per-edge messages through W3), and the distance features',
-    within the shared memory a multiprocessor has, and at one tile of 16 edges on 8 warps without spilling a
-    register to local memory (the backward kernel's products read the weights from shared memory: held in
-    registers, they spilled 120 and 620 bytes a thread)."""
+    within the shared memory a multiprocessor has, and at one tile of 16 edges on 8 warps with no spilled
+    register read or written in a loop (the backward kernel's products read the weights from shared memory:
+    held in registers, they spilled 120 and 620 bytes a thread, in the loops). The decoder's backward kernel,
+    which sums the edges' gradient over its sequences in registers, spills a few values it keeps for its
+    end, before its loops (at most 64 bytes a thread)."""
     script = Path(__file__).resolve().parents[1] / "scripts" / "fused_check.py"
     command = [sys.executable, str(script), "--compile_only", "--forms", "decoder", "edge update", "--config",
                "1,16,8,2"]  # fmt: skip
@@ -66,9 +68,11 @@ def test_the_kernels_compile_for_an_h100_on_a_machine_without_one():
     lines = result.stdout.splitlines()
     assert [line.split()[0] for line in lines] == ["forward", "forward", "backward", "backward", "rbf"], lines
     for line in lines:
-        found = re.search(r"shared (\d+) KB, (\d+) registers, (\d+) bytes spilled", line)
-        shared, registers, spilled = (int(x) for x in found.groups())
-        assert 0 < shared <= 227 and 0 < registers <= 255 and spilled == 0, line
+        pattern = r"shared (\d+) KB, (\d+) registers, (\d+) bytes spilled, (\d+) spill accesses"
+        found = re.search(pattern, line)
+        shared, registers, spilled, in_loops = (int(x) for x in found.groups())
+        assert 0 < shared <= 227 and 0 < registers <= 255 and spilled <= 64 and in_loops == 0, line
+        assert spilled == 0 or line.startswith("backward decoder"), line
 
 
 @pytest.fixture(autouse=True)
@@ -109,11 +113,11 @@ def leaf(*shape: int, scale: float = 1.0) -> torch.Tensor:
 )
 def test_kernels_equal_the_plain_computation_and_its_gradients(form: str):
     """Every form the layers use, values and gradients in fp32; K not a multiple of the kernels' block, and
-    an odd number of sequences per structure (the atomic path of the edge gradient). The edges' block
-    ``W_e h_E`` computed in the kernel (the encoder's and decoder's forms) or given (the context layers').
-    The decoder's neighbours' blocks: the visible one scaled per sequence (``table``), the structure's
-    shared by all sequences (``shared``). The edge update also with its residual (the edges) and layer norm
-    in the kernel, as the layer calls it without dropout."""
+    an odd number of sequences per structure (not a power of two: the backward kernel's sum over them). The
+    edges' block ``W_e h_E`` computed in the kernel (the encoder's and decoder's forms) or given (the context
+    layers'). The decoder's neighbours' blocks: the visible one scaled per sequence (``table``), the
+    structure's shared by all sequences (``shared``). The edge update also with its residual (the edges) and
+    layer norm in the kernel, as the layer calls it without dropout."""
     torch.manual_seed(0)
     R, T = 7, 11
     K = 25 if "context" in form else 20
@@ -206,23 +210,22 @@ def test_the_kernels_are_operators_that_autograd_and_the_compiler_take_whole(for
 
 @interpreted
 def test_the_backward_kernel_writes_the_edges_gradient_once_in_their_dtype():
-    """With bf16 blocks, the backward kernel writes the edges' gradient in bf16 where each value is written
-    once (one sequence per structure: the encoder's two MLPs and the context layers'), and in fp32 where it
-    sums over the sequences (the decoder's); the gradients autograd returns are in the blocks' dtype, within
-    bf16 rounding of the fp32 ones. With the edge block's weight ``W_e``, the node sums' kernel computes the
-    edges' gradient through it and ``W_e``'s itself; the edge update's writes the block's, from which
-    autograd takes both."""
+    """With bf16 blocks, the backward kernel writes the edges' gradient once in bf16, with one sequence per
+    structure (the encoder's two MLPs and the context layers') and with two (the decoder's, summed over them
+    in the kernel); the gradients autograd returns are in the blocks' dtype, within bf16 rounding of the
+    fp32 ones. With the edge block's weight ``W_e``, the node sums' kernel computes the edges' gradient
+    through it and ``W_e``'s itself; the edge update's writes the block's, from which autograd takes both."""
     torch.manual_seed(0)
     R, K, T = 3, 16, 5
     W2, b2, W3, b3 = (0.1 * torch.randn(H, H), torch.randn(H), 0.1 * torch.randn(H, H), torch.randn(H))
     index = torch.randint(0, T, (R, K))
-    for N, edge_out, kernel_dtype, W_e in (
-        (1, False, torch.bfloat16, None),
-        (2, False, torch.float32, None),
-        (1, True, torch.bfloat16, None),
-        (1, False, torch.bfloat16, leaf(H, H, scale=0.1)),
-        (2, False, torch.float32, leaf(H, H, scale=0.1)),
-        (1, True, torch.bfloat16, leaf(H, H, scale=0.1)),
+    for N, edge_out, W_e in (
+        (1, False, None),
+        (2, False, None),
+        (1, True, None),
+        (1, False, leaf(H, H, scale=0.1)),
+        (2, False, leaf(H, H, scale=0.1)),
+        (1, True, leaf(H, H, scale=0.1)),
     ):
         blocks = [torch.randn(R, K, H), torch.randn(R, N, H), torch.randn(T, N, H)]
         weights = (W2, b2, W3, b3, W_e) if edge_out else (W2, b2, None, None, W_e)
@@ -230,7 +233,7 @@ def test_the_backward_kernel_writes_the_edges_gradient_once_in_their_dtype():
         out = fused.message_mlp(*low, index, None, None, None, *weights)
         d_out = torch.randn_like(out)
         gradients = fused.message_mlp_backward(d_out, *low, index, None, None, None, *weights)
-        assert gradients[0].dtype == kernel_dtype
+        assert gradients[0].dtype == torch.bfloat16
         assert gradients[-1].shape == ((H, H) if W_e is not None and not edge_out else (0,))
         learnt = [] if W_e is None else [W_e]
         leaves = [*low, *learnt]

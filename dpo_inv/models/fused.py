@@ -271,8 +271,8 @@ def message_mlp_backward(
     _backward_kernel[(programs,)](
         *_pointers(edges, nodes, table, index, scale, weight, shared), W2k, b2k, W3k, b3k, W_ek,
         d_out.contiguous(), d_edges, d_nodes, d_table, d_shared, d_weights, d_biases,
-        R * N, K, N=N, H=H, **_flags(table, scale, weight, shared, W_e), EDGE_OUT=edge_out,
-        EDGE_GRADIENTS=edge_gradients, DOT_DTYPE=_TL_DTYPE[W2k.dtype],
+        R, K, N=N, N_BLOCK=triton.next_power_of_2(N), H=H, **_flags(table, scale, weight, shared, W_e),
+        EDGE_OUT=edge_out, EDGE_GRADIENTS=edge_gradients, DOT_DTYPE=_TL_DTYPE[W2k.dtype],
     )  # fmt: skip
     d_weights, d_biases = d_weights.sum(0), d_biases.sum(0)
     absent = edges.new_empty  # each absent gradient a tensor of its own: an operator's outputs share nothing
@@ -298,13 +298,9 @@ def _edge_gradients_in_kernel(edge_out: bool, edge_weight: bool) -> bool:
 
 
 def _gradients_out(edges: Tensor, nodes: Tensor) -> tuple[Tensor, Tensor]:
-    """The backward kernel's outputs for the gradients of ``edges`` and ``nodes``: in their dtype where it
-    writes each value once (one sequence per structure); in fp32 (zeros) where it sums the edges' over the
-    sequences with atomic adds (Triton's interpreter, where the tests compare the kernels with the plain
-    layers, has no bf16 atomic adds). The neighbours' blocks' gradients, summed with atomic adds, are in
-    fp32."""
-    if nodes.shape[1] > 1:
-        return torch.zeros(edges.shape, device=edges.device, dtype=torch.float32), torch.empty_like(nodes)
+    """The backward kernel's outputs for the gradients of ``edges`` and ``nodes``, in their dtype: it writes
+    each value once, the edges' summed over the sequences in registers. (The neighbours' blocks' gradients,
+    summed over the edges with atomic adds, are in fp32.)"""
     return torch.empty_like(edges), torch.empty_like(nodes)
 
 
@@ -496,8 +492,9 @@ def _num_programs(device: torch.device) -> int:
 
 
 def _configs(*shapes: tuple[int, int, int, int]) -> list:
-    """Autotuned launch settings: (nodes per program, edges per node at a time, warps, pipeline stages).
-    Under the interpreter, which runs each operation of a program in Python, one tile of 64 nodes: few
+    """Autotuned launch settings: (rows per program, edges per row at a time, warps, pipeline stages); a row
+    is a node and sequence in the forward kernel, a node with its sequences in turn in the backward one.
+    Under the interpreter, which runs each operation of a program in Python, one tile of 64 rows: few
     programs to interpret, and still loops over edges 16 at a time and (backward) over several tiles."""
     if INTERPRET:
         shapes = ((64, 16, 4, 1),)
@@ -538,25 +535,30 @@ if triton is not None:
         return tl.load(ptr + h[:, None] * H + h[None, :])
 
     @triton.jit
+    def _edge_states(edges, m, k0, M, K, N: tl.constexpr, H: tl.constexpr, BLOCK_K: tl.constexpr):
+        """The states ``[BLOCK_M, BLOCK_K, H]`` of the edges ``k0 + j`` of the rows ``m`` (node ``m // N``,
+        sequence ``m % N``; those from ``M`` on absent), the edges' rows in ``edges`` and which exist
+        ``[BLOCK_M, BLOCK_K]``."""
+        k = k0 + tl.arange(0, BLOCK_K)
+        h = tl.arange(0, H)
+        valid = (m < M)[:, None] & (k < K)[None, :]
+        edge = (m // N).to(tl.int64)[:, None] * K + k[None, :]
+        states = tl.load(edges + edge[:, :, None] * H + h[None, None, :], mask=valid[:, :, None], other=0.0)
+        return states, edge, valid
+
+    @triton.jit
     def _pre(
-        edges, nodes, table, index, scale, weight, shared, W_e, m0, k0, M, K,
+        states, edge, valid, nodes, table, index, scale, weight, shared, W_e, m, M,
         N: tl.constexpr, H: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
         HAS_TABLE: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_SHARED: tl.constexpr,
         HAS_EDGE_WEIGHT: tl.constexpr, DOT_DTYPE: tl.constexpr,
     ):  # fmt: skip
-        """``pre [BLOCK_M, BLOCK_K, H]`` (fp32) of nodes ``m0 + i`` and their edges ``k0 + j``; which of
-        them exist and the weight of each message ``[BLOCK_M, BLOCK_K]`` (0 where none); the edges' rows in
-        ``edges``; the neighbours' rows in ``table`` and in ``shared``; the edges' states ``[BLOCK_M,
-        BLOCK_K, H]``. With ``HAS_EDGE_WEIGHT`` the edges' block is ``W_e`` (an ``[H, H]`` matrix) times
+        """``pre [BLOCK_M, BLOCK_K, H]`` (fp32) of the rows ``m`` and their edges, from :func:`_edge_states`;
+        the weight of each message ``[BLOCK_M, BLOCK_K]`` (0 where none); the neighbours' rows in ``table``
+        and in ``shared``. With ``HAS_EDGE_WEIGHT`` the edges' block is ``W_e`` (an ``[H, H]`` matrix) times
         their states."""
-        m = m0 + tl.arange(0, BLOCK_M)
-        k = k0 + tl.arange(0, BLOCK_K)
         h = tl.arange(0, H)
-        r = (m // N).to(tl.int64)
         n = m % N
-        valid = (m < M)[:, None] & (k < K)[None, :]
-        edge = r[:, None] * K + k[None, :]
-        states = tl.load(edges + edge[:, :, None] * H + h[None, None, :], mask=valid[:, :, None], other=0.0)
         pre = states
         if HAS_EDGE_WEIGHT:  # as the products of the MLP: the matrix times the transposed edge rows
             rows = tl.trans(tl.reshape(states, [BLOCK_M * BLOCK_K, H]))
@@ -582,7 +584,7 @@ if triton is not None:
         factor = valid.to(tl.float32)
         if HAS_WEIGHT:
             factor *= tl.load(weight + edge * N + n[:, None], mask=valid, other=0.0)
-        return pre, valid, factor, edge, row, shared_row, states
+        return pre, factor, row, shared_row
 
     @triton.autotune(
         # none spills on sm_90; (8, 16, 8, 2) spilled 0.2-0.3 KB a thread and is left out
@@ -615,8 +617,9 @@ if triton is not None:
             beta = tl.load(norm_bias + h).to(tl.float32)
         acc = tl.zeros([BLOCK_M, H], dtype=tl.float32)
         for k0 in range(0, K, BLOCK_K):
-            pre, valid, factor, edge, row, shared_row, _ = _pre(
-                edges, nodes, table, index, scale, weight, shared, W_en, m0, k0, M, K, N, H, BLOCK_M,
+            states, edge, valid = _edge_states(edges, m, k0, M, K, N, H, BLOCK_K)
+            pre, factor, row, shared_row = _pre(
+                states, edge, valid, nodes, table, index, scale, weight, shared, W_en, m, M, N, H, BLOCK_M,
                 BLOCK_K, HAS_TABLE, HAS_SCALE, HAS_WEIGHT, HAS_SHARED, HAS_EDGE_WEIGHT, DOT_DTYPE,
             )  # fmt: skip
             # products as weights x transposed edge rows ([H, H] x [H, rows]): on Hopper each is one
@@ -649,24 +652,29 @@ if triton is not None:
 
     @triton.autotune(
         # per-thread spills on sm_90 (`scripts/fused_check.py --compile_only`, Triton 3.9): none for
-        # (1, 16, 8, 2); none to 328 bytes for (1, 16, 8, 3), (2, 16, 8, 2) and (1, 32, 8, 2); 0.2-1.4 KB
-        # for (4, 16, 8, 2) and (2, 32, 8, 2); tiles on 4 warps, and of 8 x 16 edges, spilled 0.7-3.3 KB
-        # before the kernel took the edges' gradients through W_e, and are left out
+        # (1, 16, 8, 2) but the decoder's 64 bytes, outside its loops; none to 64 bytes for (1, 16, 8, 3);
+        # none to 456 for (2, 16, 8, 2) and (1, 32, 8, 2); 0.2-1.3 KB for (4, 16, 8, 2) and (2, 32, 8, 2);
+        # tiles on 4 warps, and of 8 x 16 edges, spilled 0.7-3.3 KB before the kernel took the edges'
+        # gradients through W_e, and are left out
         _configs((1, 16, 8, 2), (1, 16, 8, 3), (2, 16, 8, 2), (1, 32, 8, 2), (4, 16, 8, 2), (2, 32, 8, 2)),
         key=[*_TUNED_BY, "EDGE_GRADIENTS"],
-        reset_to_zero=["d_edges", "d_table", "d_shared"],
+        reset_to_zero=["d_table", "d_shared"],
     )
-    @triton.jit(do_not_specialize=["M"])
+    @triton.jit(do_not_specialize=["R"])
     def _backward_kernel(
         edges, nodes, table, index, scale, weight, shared, W2, b2, W3, b3, W_e,
-        d_out, d_edges, d_nodes, d_table, d_shared, d_weights, d_biases, M, K,
-        N: tl.constexpr, H: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
-        HAS_TABLE: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_SHARED: tl.constexpr,
-        HAS_EDGE_WEIGHT: tl.constexpr, EDGE_OUT: tl.constexpr, EDGE_GRADIENTS: tl.constexpr,
-        DOT_DTYPE: tl.constexpr,
+        d_out, d_edges, d_nodes, d_table, d_shared, d_weights, d_biases, R, K,
+        N: tl.constexpr, N_BLOCK: tl.constexpr, H: tl.constexpr, BLOCK_M: tl.constexpr,
+        BLOCK_K: tl.constexpr, HAS_TABLE: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_WEIGHT: tl.constexpr,
+        HAS_SHARED: tl.constexpr, HAS_EDGE_WEIGHT: tl.constexpr, EDGE_OUT: tl.constexpr,
+        EDGE_GRADIENTS: tl.constexpr, DOT_DTYPE: tl.constexpr,
     ):  # fmt: skip
+        """Each program takes ``BLOCK_M`` nodes at a time and ``BLOCK_K`` of their edges, and the ``N``
+        sequences of those edges in turn (``N_BLOCK``: N to a power of two): it sums the edge block's
+        gradient over the sequences in registers and writes the edges' gradient once, in their dtype."""
         pid = tl.program_id(0)
         h = tl.arange(0, H)
+        s = tl.arange(0, N_BLOCK)
         W2n = _square(W2, H, False)
         W2t = _square(W2, H, True)
         W_en = W2n
@@ -683,78 +691,69 @@ if triton is not None:
         if EDGE_OUT:
             d_W3 = tl.zeros([H, H], dtype=tl.float32)
             d_b3 = tl.zeros([H], dtype=tl.float32)
-        for block in range(pid, tl.cdiv(M, BLOCK_M), tl.num_programs(0)):
-            m0 = block * BLOCK_M
-            m = m0 + tl.arange(0, BLOCK_M)
-            rows = m.to(tl.int64)[:, None] * H + h[None, :]
-            if not EDGE_OUT:
-                d_sum = tl.load(d_out + rows, mask=(m < M)[:, None], other=0.0).to(tl.float32)
-            d_node = tl.zeros([BLOCK_M, H], dtype=tl.float32)
+        for block in range(pid, tl.cdiv(R, BLOCK_M), tl.num_programs(0)):
+            r = block * BLOCK_M + tl.arange(0, BLOCK_M)
+            rows = (r.to(tl.int64)[:, None] * N + s[None, :])[:, :, None] * H + h[None, None, :]
+            present = ((r < R)[:, None] & (s < N)[None, :])[:, :, None]  # [BLOCK_M, N_BLOCK, 1]
+            d_node = tl.zeros([BLOCK_M, N_BLOCK, H], dtype=tl.float32)
             for k0 in range(0, K, BLOCK_K):
-                pre, valid, factor, edge, row, shared_row, states = _pre(
-                    edges, nodes, table, index, scale, weight, shared, W_en, m0, k0, M, K, N, H, BLOCK_M,
-                    BLOCK_K, HAS_TABLE, HAS_SCALE, HAS_WEIGHT, HAS_SHARED, HAS_EDGE_WEIGHT, DOT_DTYPE,
-                )  # fmt: skip
-                on = factor > 0
-                # products as weights x transposed edge rows, as in the forward kernel
-                hidden1 = tl.reshape(_gelu(pre), [BLOCK_M * BLOCK_K, H])
-                z2 = _dot(W2n, tl.trans(hidden1), DOT_DTYPE) + bias2[:, None]
-                if EDGE_OUT:
-                    at_out = d_out + edge[:, :, None] * H + h[None, None, :]
-                    d_message = tl.load(at_out, mask=valid[:, :, None], other=0.0).to(tl.float32)
-                    d_message = tl.trans(tl.reshape(d_message, [BLOCK_M * BLOCK_K, H]))
-                    hidden2 = _gelu(z2)
-                    d_W3 += _dot(d_message, tl.trans(hidden2), DOT_DTYPE)
-                    d_b3 += tl.sum(d_message, axis=1)
-                    d_hidden2 = _dot(W3t, d_message, DOT_DTYPE)
-                else:
-                    d_hidden2 = tl.trans(
-                        tl.reshape(d_sum[:, None, :] * factor[:, :, None], [BLOCK_M * BLOCK_K, H])
-                    )
-                d_z2 = d_hidden2 * _gelu_grad(z2)  # [H, rows], as z2
-                d_W2 += _dot(d_z2, hidden1, DOT_DTYPE)
-                d_b2 += tl.sum(d_z2, axis=1)
-                d_hidden1 = tl.trans(_dot(W2t, d_z2, DOT_DTYPE))
-                d_pre = tl.reshape(d_hidden1, [BLOCK_M, BLOCK_K, H]) * _gelu_grad(pre)
-                d_node += tl.sum(d_pre, axis=1)
-                d_edge = d_pre  # the edges' gradient: the block's, or through W_e
-                if EDGE_GRADIENTS:  # as W_e's linear map's backward pass, transposed as the products above
-                    d_rows = tl.trans(tl.reshape(d_pre, [BLOCK_M * BLOCK_K, H]))
+                # the edge block's gradient summed over the sequences, from -0.0: with one sequence the
+                # sum is the one gradient, as the compiler sees (x + -0.0 is x)
+                d_block = tl.full([BLOCK_M, BLOCK_K, H], -0.0, dtype=tl.float32)
+                states, edge, valid = _edge_states(edges, r * N, k0, R * N, K, N, H, BLOCK_K)
+                for n in range(N):
+                    pre, factor, row, shared_row = _pre(
+                        states, edge, valid, nodes, table, index, scale, weight, shared, W_en, r * N + n,
+                        R * N, N, H, BLOCK_M, BLOCK_K, HAS_TABLE, HAS_SCALE, HAS_WEIGHT, HAS_SHARED,
+                        HAS_EDGE_WEIGHT, DOT_DTYPE,
+                    )  # fmt: skip
+                    on = factor > 0
+                    this = (s == n)[None, :, None]
+                    # products as weights x transposed edge rows, as in the forward kernel
+                    hidden1 = tl.reshape(_gelu(pre), [BLOCK_M * BLOCK_K, H])
+                    z2 = _dot(W2n, tl.trans(hidden1), DOT_DTYPE) + bias2[:, None]
+                    if EDGE_OUT:
+                        at_out = d_out + edge[:, :, None] * H + h[None, None, :]
+                        d_message = tl.load(at_out, mask=valid[:, :, None], other=0.0).to(tl.float32)
+                        d_message = tl.trans(tl.reshape(d_message, [BLOCK_M * BLOCK_K, H]))
+                        hidden2 = _gelu(z2)
+                        d_W3 += _dot(d_message, tl.trans(hidden2), DOT_DTYPE)
+                        d_b3 += tl.sum(d_message, axis=1)
+                        d_hidden2 = _dot(W3t, d_message, DOT_DTYPE)
+                    else:
+                        at_sum = d_out + (r.to(tl.int64) * N + n)[:, None] * H + h[None, :]
+                        d_sum = tl.load(at_sum, mask=(r < R)[:, None], other=0.0).to(tl.float32)
+                        d_hidden2 = tl.trans(
+                            tl.reshape(d_sum[:, None, :] * factor[:, :, None], [BLOCK_M * BLOCK_K, H])
+                        )
+                    d_z2 = d_hidden2 * _gelu_grad(z2)  # [H, rows], as z2
+                    d_W2 += _dot(d_z2, hidden1, DOT_DTYPE)
+                    d_b2 += tl.sum(d_z2, axis=1)
+                    d_hidden1 = tl.trans(_dot(W2t, d_z2, DOT_DTYPE))
+                    d_pre = tl.reshape(d_hidden1, [BLOCK_M, BLOCK_K, H]) * _gelu_grad(pre)
+                    d_node += tl.where(this, tl.sum(d_pre, axis=1)[:, None, :], 0.0)
+                    d_block += d_pre
+                    if HAS_TABLE:
+                        d_neighbour = d_pre
+                        if HAS_SCALE:
+                            at = edge * N + n
+                            d_neighbour *= tl.load(scale + at, mask=on, other=0.0)[:, :, None]
+                        tl.atomic_add(
+                            d_table + row[:, :, None] * H + h[None, None, :], d_neighbour, mask=on[:, :, None]
+                        )
+                if HAS_SHARED:  # the structure's neighbours' block: the same for every sequence
+                    at_shared = d_shared + tl.load(index + edge, mask=valid, other=0)[:, :, None] * H
+                    tl.atomic_add(at_shared + h[None, None, :], d_block, mask=valid[:, :, None])
+                # the edges' gradient: the block's, or through W_e as its linear map's backward pass
+                # (transposed as the products above), with W_e's
+                d_edge = d_block
+                if EDGE_GRADIENTS:
+                    d_rows = tl.trans(tl.reshape(d_block, [BLOCK_M * BLOCK_K, H]))
                     d_W_e += _dot(d_rows, tl.reshape(states, [BLOCK_M * BLOCK_K, H]), DOT_DTYPE)
                     d_edge = tl.reshape(tl.trans(_dot(W_et, d_rows, DOT_DTYPE)), [BLOCK_M, BLOCK_K, H])
-                if N == 1:
-                    at_edges = d_edges + edge[:, :, None] * H + h[None, None, :]
-                    tl.store(at_edges, d_edge.to(d_edges.dtype.element_ty), mask=valid[:, :, None])
-                elif BLOCK_M % N == 0 and (N & (N - 1)) == 0:  # a program holds every n of its edges
-                    G: tl.constexpr = BLOCK_M // N
-                    r = m0 // N + tl.arange(0, G)
-                    k = k0 + tl.arange(0, BLOCK_K)
-                    summed = tl.sum(tl.reshape(d_edge, [G, N, BLOCK_K, H]), axis=1)
-                    at_summed = (
-                        d_edges
-                        + (r.to(tl.int64)[:, None] * K + k[None, :])[:, :, None] * H
-                        + h[None, None, :]
-                    )
-                    tl.store(at_summed, summed, mask=((r * N < M)[:, None] & (k < K)[None, :])[:, :, None])
-                else:
-                    tl.atomic_add(
-                        d_edges + edge[:, :, None] * H + h[None, None, :], d_edge, mask=on[:, :, None]
-                    )
-                if HAS_SHARED:
-                    at_shared = d_shared + shared_row[:, :, None] * H + h[None, None, :]
-                    tl.atomic_add(at_shared, d_pre, mask=on[:, :, None])
-                if HAS_TABLE:
-                    d_neighbour = d_pre
-                    if HAS_SCALE:
-                        n = m % N
-                        r = (m // N).to(tl.int64)
-                        k = k0 + tl.arange(0, BLOCK_K)
-                        at = (r[:, None] * K + k[None, :]) * N + n[:, None]
-                        d_neighbour *= tl.load(scale + at, mask=on, other=0.0)[:, :, None]
-                    tl.atomic_add(
-                        d_table + row[:, :, None] * H + h[None, None, :], d_neighbour, mask=on[:, :, None]
-                    )
-            tl.store(d_nodes + rows, d_node.to(d_nodes.dtype.element_ty), mask=(m < M)[:, None])
+                at_edges = d_edges + edge[:, :, None] * H + h[None, None, :]
+                tl.store(at_edges, d_edge.to(d_edges.dtype.element_ty), mask=valid[:, :, None])
+            tl.store(d_nodes + rows, d_node.to(d_nodes.dtype.element_ty), mask=present)
         square = h[:, None] * H + h[None, :]
         weights = 2 if EDGE_OUT or EDGE_GRADIENTS else 1  # W2's, then W3's or W_e's
         biases = 2 if EDGE_OUT else 1
