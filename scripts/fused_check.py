@@ -74,10 +74,6 @@ def compiled(kernel: str, form: str, config: triton.Config, arch: int) -> dict[s
         constants.update(EDGE_GRADIENTS=edge_gradients, N_BLOCK=triton.next_power_of_2(N))
     types = {name: POINTERS.get(name, "*bf16") for name in jit.arg_names}
     types |= {"M": "i32", "R": "i32", "K": "i32"}
-    if "d_edges" in types:  # in the dtype message_mlp_backward allocates for bf16 blocks
-        blocks = (torch.empty(1, n, 128, dtype=torch.bfloat16, device="meta") for n in (K, N))
-        d_edges = fused._gradients_out(*blocks)[0]
-        types["d_edges"] = "*fp32" if d_edges.dtype == torch.float32 else "*bf16"
     options = {"num_warps": config.num_warps, "num_stages": config.num_stages}
     return ptxas_stats(jit, constants, types, K % 16 == 0, arch, options)
 
