@@ -674,7 +674,7 @@ if triton is not None:
         gradient over the sequences in registers and writes the edges' gradient once, in their dtype."""
         pid = tl.program_id(0)
         h = tl.arange(0, H)
-        s = tl.arange(0, N_BLOCK)
+        s = tl.arange(0, N_BLOCK)  # the sequences of a node
         W2n = _square(W2, H, False)
         W2t = _square(W2, H, True)
         W_en = W2n
