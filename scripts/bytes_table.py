@@ -118,9 +118,9 @@ def count(row: str) -> None:
 
         fused.message_sum = added_before
     if "decoder sums" in put_back:  # first: "edge update" keeps the rule it finds for the other kernels
-        gradients_out = fused._gradients_out
+        in_dtype = fused._gradients_out
         fused._gradients_out = lambda edges, nodes: (
-            gradients_out(edges, nodes) if nodes.shape[1] == 1 else fp32_gradients_out(edges, nodes)
+            in_dtype(edges, nodes) if nodes.shape[1] == 1 else fp32_gradients_out(edges, nodes)
         )
     if "gradients" in put_back:
         fused._gradients_out = fp32_gradients_out
