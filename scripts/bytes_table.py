@@ -1,7 +1,7 @@
 """The bytes a DPO step moves per pair, counted operator by operator, for the step of now and of before: the
 table of docs/benchmarks.md, "Bytes a step moves". No GPU needed.
 
-    python scripts/bytes_table.py            # 18 rows, about 26 minutes on two CPU cores
+    python scripts/bytes_table.py            # 18 rows, about 30 minutes on two CPU cores
 
 Each row is one `scripts/benchmark.py` process (one warm-up micro-batch of 2 structures of 150 residues,
 whose operators it counts; `megabytes_moved_per_pair`), with CUDA's autocast policy for layer norms (fp32)
