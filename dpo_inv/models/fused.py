@@ -535,28 +535,34 @@ if triton is not None:
         return tl.load(ptr + h[:, None] * H + h[None, :])
 
     @triton.jit
-    def _edge_states(edges, m, k0, M, K, N: tl.constexpr, H: tl.constexpr, BLOCK_K: tl.constexpr):
+    def _edge_states(
+        edges, index, m, k0, M, K, N: tl.constexpr, H: tl.constexpr, BLOCK_K: tl.constexpr,
+        HAS_INDEX: tl.constexpr,
+    ):  # fmt: skip
         """The states ``[BLOCK_M, BLOCK_K, H]`` of the edges ``k0 + j`` of the rows ``m`` (node ``m // N``,
-        sequence ``m % N``; those from ``M`` on absent), the edges' rows in ``edges`` and which exist
-        ``[BLOCK_M, BLOCK_K]``."""
+        sequence ``m % N``; those from ``M`` on absent), the edges' rows in ``edges``, which exist and (with
+        ``HAS_INDEX``) their neighbours' rows in ``index`` (else their own) ``[BLOCK_M, BLOCK_K]``."""
         k = k0 + tl.arange(0, BLOCK_K)
         h = tl.arange(0, H)
         valid = (m < M)[:, None] & (k < K)[None, :]
         edge = (m // N).to(tl.int64)[:, None] * K + k[None, :]
         states = tl.load(edges + edge[:, :, None] * H + h[None, None, :], mask=valid[:, :, None], other=0.0)
-        return states, edge, valid
+        neighbour = edge
+        if HAS_INDEX:
+            neighbour = tl.load(index + edge, mask=valid, other=0)
+        return states, edge, valid, neighbour
 
     @triton.jit
     def _pre(
-        states, edge, valid, nodes, table, index, scale, weight, shared, W_e, m, M,
+        states, edge, valid, shared_row, nodes, table, scale, weight, shared, W_e, m, M,
         N: tl.constexpr, H: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
         HAS_TABLE: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_SHARED: tl.constexpr,
         HAS_EDGE_WEIGHT: tl.constexpr, DOT_DTYPE: tl.constexpr,
     ):  # fmt: skip
-        """``pre [BLOCK_M, BLOCK_K, H]`` (fp32) of the rows ``m`` and their edges, from :func:`_edge_states`;
-        the weight of each message ``[BLOCK_M, BLOCK_K]`` (0 where none); the neighbours' rows in ``table``
-        and in ``shared``. With ``HAS_EDGE_WEIGHT`` the edges' block is ``W_e`` (an ``[H, H]`` matrix) times
-        their states."""
+        """``pre [BLOCK_M, BLOCK_K, H]`` (fp32) of the rows ``m`` and their edges, from :func:`_edge_states`
+        (``shared_row``: the neighbours' rows in ``shared``); the weight of each message ``[BLOCK_M,
+        BLOCK_K]`` (0 where none); the neighbours' rows in ``table``. With ``HAS_EDGE_WEIGHT`` the edges'
+        block is ``W_e`` (an ``[H, H]`` matrix) times their states."""
         h = tl.arange(0, H)
         n = m % N
         pre = states
@@ -566,9 +572,6 @@ if triton is not None:
         node = tl.load(nodes + m.to(tl.int64)[:, None] * H + h[None, :], mask=(m < M)[:, None], other=0.0)
         pre = pre.to(tl.float32) + node.to(tl.float32)[:, None, :]
         row = edge
-        shared_row = edge
-        if HAS_TABLE or HAS_SHARED:
-            shared_row = tl.load(index + edge, mask=valid, other=0)
         if HAS_SHARED:
             at = shared + shared_row[:, :, None] * H + h[None, None, :]
             pre += tl.load(at, mask=valid[:, :, None], other=0.0).to(tl.float32)
@@ -584,7 +587,7 @@ if triton is not None:
         factor = valid.to(tl.float32)
         if HAS_WEIGHT:
             factor *= tl.load(weight + edge * N + n[:, None], mask=valid, other=0.0)
-        return pre, factor, row, shared_row
+        return pre, factor, row
 
     @triton.autotune(
         # none spills on sm_90; (8, 16, 8, 2) spilled 0.2-0.3 KB a thread and is left out
@@ -617,10 +620,12 @@ if triton is not None:
             beta = tl.load(norm_bias + h).to(tl.float32)
         acc = tl.zeros([BLOCK_M, H], dtype=tl.float32)
         for k0 in range(0, K, BLOCK_K):
-            states, edge, valid = _edge_states(edges, m, k0, M, K, N, H, BLOCK_K)
-            pre, factor, row, shared_row = _pre(
-                states, edge, valid, nodes, table, index, scale, weight, shared, W_en, m, M, N, H, BLOCK_M,
-                BLOCK_K, HAS_TABLE, HAS_SCALE, HAS_WEIGHT, HAS_SHARED, HAS_EDGE_WEIGHT, DOT_DTYPE,
+            states, edge, valid, shared_row = _edge_states(
+                edges, index, m, k0, M, K, N, H, BLOCK_K, HAS_TABLE or HAS_SHARED
+            )
+            pre, factor, row = _pre(
+                states, edge, valid, shared_row, nodes, table, scale, weight, shared, W_en, m, M, N, H,
+                BLOCK_M, BLOCK_K, HAS_TABLE, HAS_SCALE, HAS_WEIGHT, HAS_SHARED, HAS_EDGE_WEIGHT, DOT_DTYPE,
             )  # fmt: skip
             # products as weights x transposed edge rows ([H, H] x [H, rows]): on Hopper each is one
             # warpgroup MMA that reads the weights from shared memory
@@ -652,8 +657,8 @@ if triton is not None:
 
     @triton.autotune(
         # per-thread spills on sm_90 (`scripts/fused_check.py --compile_only`, Triton 3.9): none for
-        # (1, 16, 8, 2) but the decoder's 64 bytes, outside its loops; none to 64 bytes for (1, 16, 8, 3);
-        # none to 456 for (2, 16, 8, 2) and (1, 32, 8, 2); 0.2-1.3 KB for (4, 16, 8, 2) and (2, 32, 8, 2);
+        # (1, 16, 8, 2) but the decoder's 48 bytes, outside its loops; none to 116 bytes for (1, 16, 8, 3);
+        # none to 512 for (2, 16, 8, 2) and (1, 32, 8, 2); 0.2-1.4 KB for (4, 16, 8, 2) and (2, 32, 8, 2);
         # tiles on 4 warps, and of 8 x 16 edges, spilled 0.7-3.3 KB before the kernel took the edges'
         # gradients through W_e, and are left out
         _configs((1, 16, 8, 2), (1, 16, 8, 3), (2, 16, 8, 2), (1, 32, 8, 2), (4, 16, 8, 2), (2, 32, 8, 2)),
@@ -700,10 +705,12 @@ if triton is not None:
                 # the edge block's gradient summed over the sequences, from -0.0: with one sequence the
                 # sum is the one gradient, as the compiler sees (x + -0.0 is x)
                 d_block = tl.full([BLOCK_M, BLOCK_K, H], -0.0, dtype=tl.float32)
-                states, edge, valid = _edge_states(edges, r * N, k0, R * N, K, N, H, BLOCK_K)
+                states, edge, valid, shared_row = _edge_states(
+                    edges, index, r * N, k0, R * N, K, N, H, BLOCK_K, HAS_TABLE or HAS_SHARED
+                )
                 for n in range(N):
-                    pre, factor, row, shared_row = _pre(
-                        states, edge, valid, nodes, table, index, scale, weight, shared, W_en, r * N + n,
+                    pre, factor, row = _pre(
+                        states, edge, valid, shared_row, nodes, table, scale, weight, shared, W_en, r * N + n,
                         R * N, N, H, BLOCK_M, BLOCK_K, HAS_TABLE, HAS_SCALE, HAS_WEIGHT, HAS_SHARED,
                         HAS_EDGE_WEIGHT, DOT_DTYPE,
                     )  # fmt: skip
@@ -742,8 +749,8 @@ if triton is not None:
                             d_table + row[:, :, None] * H + h[None, None, :], d_neighbour, mask=on[:, :, None]
                         )
                 if HAS_SHARED:  # the structure's neighbours' block: the same for every sequence
-                    at_shared = d_shared + tl.load(index + edge, mask=valid, other=0)[:, :, None] * H
-                    tl.atomic_add(at_shared + h[None, None, :], d_block, mask=valid[:, :, None])
+                    at_shared = d_shared + shared_row[:, :, None] * H + h[None, None, :]
+                    tl.atomic_add(at_shared, d_block, mask=valid[:, :, None])
                 # the edges' gradient: the block's, or through W_e as its linear map's backward pass
                 # (transposed as the products above), with W_e's
                 d_edge = d_block
