@@ -1,7 +1,7 @@
 """The bytes a DPO step moves per pair, counted operator by operator, for the step of now and of before: the
 table of docs/benchmarks.md, "Bytes a step moves". No GPU needed.
 
-    python scripts/bytes_table.py            # 18 rows, about 30 minutes on two CPU cores
+    python scripts/bytes_table.py            # 19 rows, about 32 minutes on two CPU cores
 
 Each row is one `scripts/benchmark.py` process (one warm-up micro-batch of 2 structures of 150 residues,
 whose operators it counts; `megabytes_moved_per_pair`), with CUDA's autocast policy for layer norms (fp32)
@@ -12,7 +12,8 @@ gathered and added before its kernel, the edge update's residual and layer norm 
 blocks of the first linear maps applied before the kernels, the edges' and their blocks' weights' gradients
 taken from the blocks' after the backward kernels (and the edge update's residual's added to its edges'),
 the edge update's kernel's gradient of the edges written in fp32, the decoder's kernel's summed over its
-sequences with fp32 atomic adds (and then rounded).
+sequences with fp32 atomic adds (and then rounded), the distance features written by their kernel and the
+edge embedding applied after it.
 """
 
 from __future__ import annotations
@@ -45,7 +46,8 @@ FUSED, PRE = "--fused_kernels true", "--precompute_ref_log_probs"
 # features, the kernels' edge gradients in fp32, the decoder's structure blocks gathered and added before it,
 # the edge update's residual and layer norm after its kernel, the edge blocks applied before the kernels, the
 # edges' gradients through W_e taken after the backward kernels, and the residual's added after, the edge
-# update's edge gradients in fp32, the decoder's summed over its sequences in fp32 by atomic adds
+# update's edge gradients in fp32, the decoder's summed over its sequences in fp32 by atomic adds, the edge
+# embedding applied to the distance features after their kernel wrote them
 BEFORE = frozenset(
     {
         "norms",
@@ -57,6 +59,7 @@ BEFORE = frozenset(
         "edge gradients",
         "edge update",
         "decoder sums",
+        "embedding",
     }
 )
 # row: (options, what it puts back)
@@ -73,22 +76,26 @@ ROWS = {
     ),
     "bf16, fused, and the decoder's neighbours gathered in its kernel": (
         f"{BF16} {FUSED}",
-        {"epilogue", "edge blocks", "edge gradients", "edge update", "decoder sums"},
+        {"epilogue", "edge blocks", "edge gradients", "edge update", "decoder sums", "embedding"},
     ),
     "bf16, fused, and the edge update's residual and layer norm in its kernel": (
         f"{BF16} {FUSED}",
-        {"edge blocks", "edge gradients", "edge update", "decoder sums"},
+        {"edge blocks", "edge gradients", "edge update", "decoder sums", "embedding"},
     ),
     "bf16, fused, and the edge blocks applied in the kernels": (
         f"{BF16} {FUSED}",
-        {"edge gradients", "edge update", "decoder sums"},
+        {"edge gradients", "edge update", "decoder sums", "embedding"},
     ),
     "bf16, fused, and the edges' gradients through the edge blocks in the kernels": (
         f"{BF16} {FUSED}",
-        {"edge update", "decoder sums"},
+        {"edge update", "decoder sums", "embedding"},
     ),
-    "bf16, fused, and the edge update's edge gradients in bf16": (f"{BF16} {FUSED}", {"decoder sums"}),
-    "bf16, fused, and the decoder's edge gradients summed in its kernel": (f"{BF16} {FUSED}", set()),
+    "bf16, fused, and the edge update's edge gradients in bf16": (
+        f"{BF16} {FUSED}",
+        {"decoder sums", "embedding"},
+    ),
+    "bf16, fused, and the decoder's edge gradients summed in its kernel": (f"{BF16} {FUSED}", {"embedding"}),
+    "bf16, fused, and the edge embedding in the distance features' kernel": (f"{BF16} {FUSED}", set()),
     "fp32, precomputed reference": (f"{FP32} {PRE}", set()),
     "bf16, plain, precomputed reference, before": (f"{BF16} {PRE}", {"norms"}),
     "bf16, plain, precomputed reference": (f"{BF16} {PRE}", set()),
@@ -143,9 +150,23 @@ def count(row: str) -> None:
         fused.edge_update = normalised_after
     if "norms" in put_back:
         layers.AutocastLayerNorm.forward = torch.nn.LayerNorm.forward
+    embedded_rbf = features._embedded_rbf
     if "features" in put_back:
-        plain = features._neighbor_rbf
-        features._neighbor_rbf = lambda D, atoms, E_idx, pairs, fuse: plain(D, atoms, E_idx, pairs, False)
+        features._embedded_rbf = lambda D, atoms, E_idx, pairs, embedding, fuse: embedded_rbf(
+            D, atoms, E_idx, pairs, embedding, False
+        )
+    elif "embedding" in put_back:  # the features written in bf16 by their kernel, the edge embedding after
+
+        def embedded_after(D, atoms, E_idx, pairs, embedding, fuse):  # noqa: ANN001, ANN202
+            if not (fuse and fused.available(D)):
+                return embedded_rbf(D, atoms, E_idx, pairs, embedding, fuse)
+            B, L, A, _ = atoms.shape
+            flat = (D.flatten(), atoms.reshape(B * L, A * 3), layers.flat_neighbors(E_idx).flatten(), pairs)
+            centres = features._rbf_centres(atoms.device)
+            rbf = fused.rbf_features(*flat, centres, features._RBF_SIGMA, torch.get_autocast_dtype("cpu"))
+            return features._embedded(rbf.view(*D.shape, -1), *embedding)
+
+        features._embedded_rbf = embedded_after
     if "edge gradients" in put_back:  # the blocks' gradients written, the edges' and W_e's by matrix products
         fused._edge_gradients_in_kernel = lambda edge_out, edge_weight: False
         edge_gradients = fused._edge_gradients

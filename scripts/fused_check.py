@@ -1,4 +1,4 @@
-"""The fused kernels on a GPU (the message MLPs', the distance features'): equal to the plain computation,
+"""The fused kernels on a GPU (the message MLPs', the edge embedding's): equal to the plain computation,
 and how long each takes; or, on any machine, what each compiles to for a GPU.
 
     python scripts/fused_check.py            # a DPO micro-batch's decoder layer: 128 structures of 150
@@ -37,7 +37,7 @@ from triton.compiler import ASTSource
 from triton.testing import do_bench
 
 from dpo_inv.models import fused
-from dpo_inv.models.features import ProteinFeatures, _neighbor_rbf
+from dpo_inv.models.features import ProteinFeatures, _embedded_rbf
 from dpo_inv.models.layers import AutocastLayerNorm
 
 # form: (sequences per structure N, neighbours K, HAS_TABLE, HAS_SCALE, HAS_WEIGHT, HAS_SHARED,
@@ -57,6 +57,18 @@ POINTERS = {
     "b3": "*fp32", "d_table": "*fp32", "d_shared": "*fp32", "d_weights": "*fp32", "d_biases": "*fp32",
     "means": "*fp32", "rstds": "*fp32", "eps": "fp32",
 }  # fmt: skip
+# the arguments of the distance features' kernels
+RBF_TYPES = {
+    "D_first": "*fp32",
+    "atoms": "*fp32",
+    "rows": "*i64",
+    "centre_atom": "*i64",
+    "neighbour_atom": "*i64",
+    "centres": "*fp32",
+    "out": "*bf16",
+    "E": "i32",
+    "K": "i32",
+}
 
 
 def compiled(kernel: str, form: str, config: triton.Config, arch: int) -> dict[str, int]:
@@ -79,13 +91,21 @@ def compiled(kernel: str, form: str, config: triton.Config, arch: int) -> dict[s
 
 
 def compiled_rbf(arch: int) -> dict[str, int]:
-    """The distance features' kernel compiled for ``arch`` as ProteinMPNN's features launch it (5 atoms,
-    24 pairs, 16 centres, bf16 out), with the same statistics."""
+    """The distance features' kernel (the edge embedding's backward pass recomputes the features with it)
+    compiled for ``arch`` as ProteinMPNN's features launch it (5 atoms, 24 pairs, 16 centres, bf16 out), with
+    the same statistics."""
     constants = {"A": 5, "P": 24, "P_BLOCK": 32, "C": 16, "SIGMA": 1.25, "BLOCK_E": fused._RBF_EDGES}
-    types = {"D_first": "*fp32", "atoms": "*fp32", "rows": "*i64", "centre_atom": "*i64",
-             "neighbour_atom": "*i64", "centres": "*fp32", "out": "*bf16", "E": "i32",
-             "K": "i32"}  # fmt: skip
-    return ptxas_stats(fused._rbf_kernel, constants, types, True, arch, {"num_warps": 4, "num_stages": 1})
+    return ptxas_stats(fused._rbf_kernel, constants, RBF_TYPES, True, arch, {"num_warps": 4, "num_stages": 1})
+
+
+def compiled_embedding(arch: int) -> dict[str, int]:
+    """The edge embedding's kernel compiled for ``arch`` as ProteinMPNN's features launch it (bf16 table,
+    weights and out), with the same statistics."""
+    constants = {"A": 5, "P": 24, "C": 16, "H": 128, "SIGMA": 1.25, "PAIRS": fused._EMBEDDING_PAIRS,
+                 "BLOCK_E": fused._EMBEDDING_EDGES, "DOT_DTYPE": tl.bfloat16}  # fmt: skip
+    types = RBF_TYPES | {"classes": "*i64", "table": "*bf16", "W": "*bf16"}
+    options = {"num_warps": 4, "num_stages": 1}
+    return ptxas_stats(fused._embedding_kernel, constants, types, True, arch, options)
 
 
 def ptxas_stats(
@@ -161,10 +181,14 @@ def compile_all(forms: list[str], arch: int, only: triton.Config | None = None) 
                 print(f"{kernel:8s} {form:11s} {shape}: shared {stats['shared'] / 1024:.0f} KB, "
                       f"{stats['registers']} registers, {stats['spilled']} bytes spilled, "
                       f"{stats['in_loops']} spill accesses in loops", flush=True)  # fmt: skip
-    stats = compiled_rbf(arch)
-    print(f"rbf      features    {fused._RBF_EDGES} edges, 4 warps: shared {stats['shared'] / 1024:.0f} KB, "
-          f"{stats['registers']} registers, {stats['spilled']} bytes spilled, "
-          f"{stats['in_loops']} spill accesses in loops", flush=True)  # fmt: skip
+    for name, stats, edges in (
+        ("rbf", compiled_rbf(arch), fused._RBF_EDGES),
+        ("embedding", compiled_embedding(arch), fused._EMBEDDING_EDGES),
+    ):
+        fits &= stats["shared"] <= 1024 * SHARED_MEMORY_KB.get(arch, 99)
+        print(f"{name:9s} features   {edges} edges, 4 warps: shared {stats['shared'] / 1024:.0f} KB, "
+              f"{stats['registers']} registers, {stats['spilled']} bytes spilled, "
+              f"{stats['in_loops']} spill accesses in loops", flush=True)  # fmt: skip
     return fits
 
 
@@ -256,27 +280,34 @@ def check(form: str, B: int, L: int, K: int, device: torch.device) -> str:
     )
 
 
-def check_rbf(B: int, L: int, K: int, device: torch.device) -> str:
-    """The distance features of B structures of L residues (random atoms in a 40 Å box, random neighbours)
-    as one kernel in bf16 against the plain path in fp32: error and times, as a line."""
+def check_embedding(B: int, L: int, K: int, device: torch.device) -> str:
+    """The edge embedding of B structures of L residues (random atoms in a 40 Å box, random neighbours and
+    positional classes, ProteinMPNN's weights' scale) as one kernel in bf16 against the plain path in fp32:
+    the relative error of the output and the weights' gradients, and the times of forward + backward of the
+    kernel and of the plain path under bf16 autocast, as a line."""
     generator = torch.Generator(device).manual_seed(0)
     atoms = 40 * torch.rand(B, L, 5, 3, device=device, generator=generator)
     E_idx = torch.randint(0, L, (B, L, K), device=device, generator=generator)
     D_first = 2 + 20 * torch.rand(B, L, K, device=device, generator=generator)
+    classes = torch.randint(0, 66, (B, L, K), device=device, generator=generator)
     pairs = ProteinFeatures(128, K).to(device).atom_pairs
+    table = torch.randn(66, 128, device=device, generator=generator).requires_grad_()
+    W = (0.05 * torch.randn(128, 400, device=device, generator=generator)).requires_grad_()
+    d_out = torch.randn(B, L, K, 128, device=device, generator=generator)
 
-    def features(fuse: bool) -> torch.Tensor:
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            rbf = _neighbor_rbf(D_first, atoms, E_idx, pairs, fuse)
-        return rbf.to(torch.bfloat16)  # the edge embedding's cast of the plain path's fp32
+    def embedded(fuse: bool, autocast: bool = True) -> list[torch.Tensor]:
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
+            out = _embedded_rbf(D_first, atoms, E_idx, pairs, (classes, table, W), fuse)
+        return [out, *torch.autograd.grad(out, (table, W), d_out.to(out.dtype))]
 
-    plain_out, fused_out = _neighbor_rbf(D_first, atoms, E_idx, pairs, False), features(True)
-    error = float((fused_out.float() - plain_out).norm() / plain_out.norm())
-    plain_ms = do_bench(lambda: features(False), return_mode="median")
-    fused_ms = do_bench(lambda: features(True), return_mode="median")
+    want = embedded(False, autocast=False)
+    errors = [float((a.float() - b).norm() / b.norm()) for a, b in zip(embedded(True), want, strict=True)]
+    plain_ms = do_bench(lambda: embedded(False), return_mode="median")
+    fused_ms = do_bench(lambda: embedded(True), return_mode="median")
     return (
-        f"{'rbf':12s} R={B * L} K={K}: bf16 relative error {error:.1e}; plain (fp32, then cast) "
-        f"{plain_ms:.2f} ms, fused {fused_ms:.2f} ms ({plain_ms / fused_ms:.2f}x)"
+        f"{'embedding':12s} R={B * L} K={K}: bf16 relative error out {errors[0]:.1e}, gradients "
+        f"{max(errors[1:]):.1e}; forward+backward plain (bf16 autocast) {plain_ms:.2f} ms, fused "
+        f"{fused_ms:.2f} ms ({plain_ms / fused_ms:.2f}x)"
     )
 
 
@@ -304,7 +335,7 @@ def main() -> None:
         return
     for form in args.forms:
         print(check(form, args.structures, args.length, args.neighbours, torch.device("cuda")), flush=True)
-    print(check_rbf(args.structures, args.length, args.neighbours, torch.device("cuda")), flush=True)
+    print(check_embedding(args.structures, args.length, args.neighbours, torch.device("cuda")), flush=True)
 
 
 if __name__ == "__main__":

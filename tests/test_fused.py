@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from dpo_inv.data.batches import collate, structure_inputs
 from dpo_inv.data.design import prepare_design
 from dpo_inv.models import fused
-from dpo_inv.models.features import _neighbor_rbf, virtual_cb
+from dpo_inv.models.features import _embedded_rbf, _neighbor_rbf, virtual_cb
 from dpo_inv.models.layers import use_fused_kernels
 from dpo_inv.models.mpnn import decoding_ranks
 from dpo_inv.models.weights import load_model, model_parse_options
@@ -53,12 +53,12 @@ def test_fused_kernels_under_the_interpreter():
 def test_the_kernels_compile_for_an_h100_on_a_machine_without_one():
     """Triton's compiler and ptxas, not the interpreter, build the kernels for sm_90, as a GPU would at its
     first step: the message MLPs' in the decoder's form (gathered neighbours scaled by visibility, two
-    sequences) and the encoder's edge update (per-edge messages through W3), and the distance features',
-    within the shared memory a multiprocessor has, and at one tile of 16 edges on 8 warps with no spilled
-    register read or written in a loop (the backward kernel's products read the weights from shared memory:
-    held in registers, they spilled 120 and 620 bytes a thread, in the loops). The decoder's backward kernel,
-    which sums the edges' gradient over its sequences in registers, spills a few values it keeps for its
-    end, before its loops (at most 64 bytes a thread)."""
+    sequences) and the encoder's edge update (per-edge messages through W3), the distance features' and the
+    edge embedding's, within the shared memory a multiprocessor has, and (the message MLPs') at one tile of 16
+    edges on 8 warps with no spilled register read or written in a loop (the backward kernel's products read
+    the weights from shared memory: held in registers, they spilled 120 and 620 bytes a thread, in the loops).
+    The decoder's backward kernel, which sums the edges' gradient over its sequences in registers, spills a
+    few values it keeps for its end, before its loops (at most 64 bytes a thread)."""
     script = Path(__file__).resolve().parents[1] / "scripts" / "fused_check.py"
     command = [sys.executable, str(script), "--compile_only", "--forms", "decoder", "edge update", "--config",
                "1,16,8,2"]  # fmt: skip
@@ -66,7 +66,14 @@ def test_the_kernels_compile_for_an_h100_on_a_machine_without_one():
     result = subprocess.run(command, capture_output=True, text=True, env=env)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     lines = result.stdout.splitlines()
-    assert [line.split()[0] for line in lines] == ["forward", "forward", "backward", "backward", "rbf"], lines
+    assert [line.split()[0] for line in lines] == [
+        "forward",
+        "forward",
+        "backward",
+        "backward",
+        "rbf",
+        "embedding",
+    ], lines
     for line in lines:
         pattern = r"shared (\d+) KB, (\d+) registers, (\d+) bytes spilled, (\d+) spill accesses"
         found = re.search(pattern, line)
@@ -247,38 +254,62 @@ def test_the_backward_kernel_writes_the_edges_gradient_once_in_their_dtype():
 
 
 @interpreted
-def test_the_distance_features_kernel_equals_the_plain_features():
-    """The edges' 25 RBF-expanded distances of a real structure (2xcjA, 84 residues, 48 neighbours) as one
-    kernel: in fp32 the plain path's values; under bf16 autocast written in bf16, each within one bf16 unit
-    of the plain path's fp32 value (a GPU rounds it to the nearest, as the edge embedding's cast does; the
-    interpreter truncates)."""
+def test_the_edge_embedding_kernel_equals_the_plain_features():
+    """The edge embedding of a real structure (2xcjA, 84 residues, 48 neighbours): its 25 RBF-expanded
+    distances and positional encodings as one kernel that never writes the distances' features. In fp32
+    the plain path's values and its weights' gradients (the distances' map's recomputes the features with
+    the features' own kernel, whose values are the plain ones); under bf16 autocast, in bf16 and within
+    bf16 rounding of fp32 and its gradients within it of the plain path's under autocast; the features'
+    kernel's values each within one bf16 unit of the plain ones (a GPU rounds to the nearest, as the linear
+    map's cast does; the interpreter truncates). `opcheck` of both operators."""
     model = load_model("vanilla/v_48_020").eval()
-    X, mask = (designed("vanilla/v_48_020")[name] for name in ("X", "mask"))
+    batch = designed("vanilla/v_48_020")
+    X, mask = batch["X"], batch["mask"]
     features = model.features
     N, Ca, C, O = X.unbind(2)
     atoms = torch.stack((N, Ca, C, O, virtual_cb(X)), dim=2)
     D_neighbors, E_idx = features._dist(Ca, mask)
-    plain = _neighbor_rbf(D_neighbors, atoms, E_idx, features.atom_pairs, False)
-    fused_rbf = _neighbor_rbf(D_neighbors, atoms, E_idx, features.atom_pairs, True)
-    assert plain.shape == fused_rbf.shape == (1, 84, 48, 400) and fused_rbf.dtype == torch.float32
-    assert relative(fused_rbf, plain) < 1e-6
+    learnt = [
+        features.edge_embedding.weight,
+        features.embeddings.linear.weight,
+        features.embeddings.linear.bias,
+    ]
+    d_out = torch.randn(1, 84, 48, H)
+
+    def embedded(fuse: bool) -> tuple[torch.Tensor, ...]:
+        embedding = features._edge_embedding(E_idx, batch["residue_idx"], batch["chain_encoding"])
+        out = _embedded_rbf(D_neighbors, atoms, E_idx, features.atom_pairs, embedding, fuse)
+        return out, *torch.autograd.grad(out, learnt, d_out.to(out.dtype))
+
+    plain, *plain_grads = embedded(False)
+    got, *grads = embedded(True)
+    assert plain.shape == got.shape == (1, 84, 48, H) and got.dtype == torch.float32
+    assert relative(got, plain) < 1e-6
+    for a, b in zip(grads, plain_grads, strict=True):
+        assert relative(a, b) < 1e-6
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        rounded = _neighbor_rbf(D_neighbors, atoms, E_idx, features.atom_pairs, True)
-    assert rounded.dtype == torch.bfloat16
-    assert ((rounded.float() - plain).abs() <= 2**-7 * plain.abs()).all()
+        _, *autocast_grads = embedded(False)
+        low, *low_grads = embedded(True)
+    assert low.dtype == torch.bfloat16 and relative(low, plain) < 2**-7
+    for a, b, x in zip(low_grads, autocast_grads, learnt, strict=True):
+        assert a.dtype == x.dtype and relative(a, b) < 2**-7
     centres, rows = torch.linspace(2.0, 22.0, 16), E_idx.flatten()  # one structure: its rows are E_idx
-    torch.library.opcheck(
-        fused.rbf_features,
-        (
-            D_neighbors.flatten(),
-            atoms.reshape(84, 15),
-            rows,
-            features.atom_pairs,
-            centres,
-            1.25,
-            torch.float32,
-        ),
+    flat = (D_neighbors.flatten(), atoms.reshape(84, 15), rows, features.atom_pairs, centres)
+    rbf = _neighbor_rbf(D_neighbors, atoms, E_idx, features.atom_pairs).view(-1, 400)
+    assert relative(fused.rbf_features(*flat, 1.25, torch.float32), rbf) < 1e-6
+    rounded = fused.rbf_features(*flat, 1.25, torch.bfloat16)
+    assert ((rounded.float() - rbf).abs() <= 2**-7 * rbf.abs()).all()
+    torch.library.opcheck(fused.rbf_features, (*flat, 1.25, torch.float32))
+    E = 6 * 4  # opcheck runs the operator many times: 6 residues with 4 neighbours each
+    few = (
+        10 * torch.rand(E),
+        40 * torch.rand(6, 15),
+        torch.randint(0, 6, (E,)),
+        features.atom_pairs,
+        centres,
     )
+    table, W = leaf(66, H), leaf(H, 400, scale=0.05)
+    torch.library.opcheck(fused.rbf_embedding, (*few, torch.randint(0, 66, (E,)), table, W, 1.25))
 
 
 def designed(name: str) -> dict[str, torch.Tensor]:
@@ -314,8 +345,8 @@ def test_models_with_fused_kernels_equal_the_plain_layers(name: str, monkeypatch
     """Whole models on real structures, every layer fused (LigandMPNN's context layers too): in fp32 the
     log-probs and gradients of the plain layers, which equal the official code's (test_model, test_ligand);
     in bf16 (ProteinMPNN) the fp32 ones within the tolerances of the trainer's bf16 test (test_speed). The
-    fused path is taken only when turned on: by each encoder layer's two MLPs (the edge update's with its
-    residual and layer norm) and each decoder layer's."""
+    fused path is taken only when turned on: by the edge embedding, each encoder layer's two MLPs (the edge
+    update's with its residual and layer norm) and each decoder layer's."""
     torch.manual_seed(0)
     model = load_model(name).eval()
     fused_model = copy.deepcopy(model)
@@ -323,7 +354,7 @@ def test_models_with_fused_kernels_equal_the_plain_layers(name: str, monkeypatch
     batch = designed(name)
     assert name.startswith("vanilla") or batch["context_mask"].any()
     calls = []
-    for op in ("message_mlp", "normed_edge_messages"):
+    for op in ("embedded_rbf", "message_mlp", "normed_edge_messages"):
         original = getattr(fused, op)
         monkeypatch.setattr(
             fused, op, lambda *args, op=op, original=original: calls.append(op) or original(*args)
@@ -332,7 +363,7 @@ def test_models_with_fused_kernels_equal_the_plain_layers(name: str, monkeypatch
     assert calls == []  # off by default
     logps_fused, gradient_fused = step(fused_model, batch, "no")
     if name.startswith("vanilla"):
-        assert sorted(calls) == ["message_mlp"] * 6 + ["normed_edge_messages"] * 3
+        assert sorted(calls) == ["embedded_rbf"] + ["message_mlp"] * 6 + ["normed_edge_messages"] * 3
     assert (logps_fused - logps).abs().max() < 1e-3  # sums of ~90 log-probs, each within 1e-5
     assert relative(gradient_fused, gradient) < 1e-5
     if name.startswith("ligand"):

@@ -48,19 +48,38 @@ def _rbf(D: Tensor) -> Tensor:
     )
 
 
-def _neighbor_rbf(D_neighbors: Tensor, atoms: Tensor, E_idx: Tensor, pairs: Tensor, fuse: bool) -> Tensor:
+def _neighbor_rbf(D_neighbors: Tensor, atoms: Tensor, E_idx: Tensor, pairs: Tensor) -> Tensor:
     """RBF of the neighbour distances ``D_neighbors [B, L, K]``, then of the distances between atom ``a`` of
     residue ``i`` and atom ``b`` of each neighbour ``j`` for each pair ``(a, b)`` of ``pairs [2, P]``, from
-    ``atoms [B, L, A, 3]``: ``[B, L, K, (1 + P) * 16]``. With ``fuse``, where the device allows, as one
-    kernel that writes them in the autocast dtype (:func:`fused.neighbor_rbf`)."""
-    if fuse and fused.available(D_neighbors) and not atoms.requires_grad:
-        rows = flat_neighbors(E_idx)
-        return fused.neighbor_rbf(D_neighbors, atoms, rows, pairs, _rbf_centres(atoms.device), _RBF_SIGMA)
+    ``atoms [B, L, A, 3]``: ``[B, L, K, (1 + P) * 16]``."""
     B, L, A, _ = atoms.shape
     neighbors = gather_nodes(atoms.reshape(B, L, A * 3), E_idx).view(*E_idx.shape, A, 3)
     diff = atoms[:, :, None].index_select(3, pairs[0]) - neighbors.index_select(3, pairs[1])
     D = torch.cat((D_neighbors.unsqueeze(-1), torch.sqrt(torch.sum(diff**2, -1) + 1e-6)), -1)
     return _rbf(D).flatten(-2)
+
+
+def _embedded_rbf(
+    D_neighbors: Tensor,
+    atoms: Tensor,
+    E_idx: Tensor,
+    pairs: Tensor,
+    embedding: tuple[Tensor, ...],
+    fuse: bool,
+) -> Tensor:
+    """The edge embedding of :func:`_neighbor_rbf`'s features and the positional encodings, ``embedding``
+    (from :meth:`GraphFeatures._edge_embedding`). With ``fuse``, where the device allows, one kernel that
+    applies it edge by edge without writing the features (:func:`fused.embedded_rbf`)."""
+    if fuse and fused.available(D_neighbors) and not atoms.requires_grad:
+        rows = flat_neighbors(E_idx)
+        centres = _rbf_centres(atoms.device)
+        return fused.embedded_rbf(D_neighbors, atoms, rows, pairs, centres, _RBF_SIGMA, *embedding)
+    return _embedded(_neighbor_rbf(D_neighbors, atoms, E_idx, pairs), *embedding)
+
+
+def _embedded(rest: Tensor, classes: Tensor, table: Tensor, W_rest: Tensor) -> Tensor:
+    """The edge embedding of the features ``rest`` and the positional classes' encodings ``table``."""
+    return F.linear(rest, W_rest).add_(F.embedding(classes, table))
 
 
 class PositionalEncodings(nn.Module):
@@ -114,16 +133,19 @@ class GraphFeatures(nn.Module):
         D_adjust = D + (1.0 - mask_2D) * D_max
         return torch.topk(D_adjust, min(self.top_k, Ca.shape[1]), dim=-1, largest=False)
 
-    def _embed_edges(self, E_idx: Tensor, residue_idx: Tensor, chain_labels: Tensor, rest: Tensor) -> Tensor:
-        """``edge_embedding`` of ``[positional encoding, rest]``: the encoding's part is the embedding map
-        applied to the 66 classes' encodings once, then looked up per edge (an edge-sized product less, and
-        none on ``rest``'s gradient, which is not needed)."""
+    def _edge_embedding(
+        self, E_idx: Tensor, residue_idx: Tensor, chain_labels: Tensor
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """``edge_embedding`` of ``[positional encoding, rest]`` in parts: each edge's positional class ``[B,
+        L, K]``, the encodings of the 66 classes with the map's block applied ``[66, H]`` (looked up per
+        edge: an edge-sized product less, and none on ``rest``'s gradient, which is not needed), and the
+        map's block for ``rest``."""
         offset = residue_idx.unsqueeze(-1) - gather_neighbors(residue_idx, E_idx)
         same_chain = (chain_labels.unsqueeze(-1) == gather_neighbors(chain_labels, E_idx)).long()
         classes = self.embeddings.classes(offset.long(), same_chain)
-        W_positional, W_rest = weight(self.edge_embedding).split([_NUM_POSITIONAL, rest.shape[-1]], dim=1)
-        table = F.linear(self.embeddings.table(), W_positional)
-        return F.linear(rest, W_rest).add_(F.embedding(classes, table))
+        W = weight(self.edge_embedding)
+        W_positional, W_rest = W.split([_NUM_POSITIONAL, W.shape[1] - _NUM_POSITIONAL], dim=1)
+        return classes, F.linear(self.embeddings.table(), W_positional), W_rest
 
 
 def virtual_cb(X: Tensor) -> Tensor:
@@ -152,8 +174,9 @@ class ProteinFeatures(GraphFeatures):
         Cb = virtual_cb(X)
         D_neighbors, E_idx = self._dist(Ca, mask)
         atoms = torch.stack((N, Ca, C, O, Cb), dim=2)
-        rest = _neighbor_rbf(D_neighbors, atoms, E_idx, self.atom_pairs, self.fused)
-        return self.norm_edges(self._embed_edges(E_idx, residue_idx, chain_labels, rest)), E_idx
+        embedding = self._edge_embedding(E_idx, residue_idx, chain_labels)
+        E = _embedded_rbf(D_neighbors, atoms, E_idx, self.atom_pairs, embedding, self.fused)
+        return self.norm_edges(E), E_idx
 
 
 class CAProteinFeatures(GraphFeatures):
@@ -210,10 +233,10 @@ class CAProteinFeatures(GraphFeatures):
         Ca_next = F.pad(Ca[:, 1:], (0, 0, 0, 1))
         atoms = torch.stack((Ca_prev, Ca, Ca_next), dim=2)
         rest = torch.cat(
-            (_neighbor_rbf(D_neighbors, atoms, E_idx, self.atom_pairs, False), self._orientations(Ca, E_idx)),
-            -1,
+            (_neighbor_rbf(D_neighbors, atoms, E_idx, self.atom_pairs), self._orientations(Ca, E_idx)), -1
         )
-        return self.norm_edges(self._embed_edges(E_idx, residue_idx, chain_labels, rest)), E_idx
+        E = _embedded(rest, *self._edge_embedding(E_idx, residue_idx, chain_labels))
+        return self.norm_edges(E), E_idx
 
 
 _NUM_ELEMENTS, _NUM_GROUPS, _NUM_PERIODS = 120, 19, 8  # one-hot sizes of atomic number, group, period

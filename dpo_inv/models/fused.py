@@ -12,9 +12,11 @@ visibility mask), run the MLP in registers, and write only
 - :func:`edge_messages`: the last linear map of the MLP applied per edge (the encoder's edge update);
   :func:`edge_update` also adds them to the edges and normalises the sums (its residual and layer norm).
 
-Their backward passes recompute the MLP from the same blocks. The kernels run on CUDA devices where Triton
-is installed, and on the CPU under Triton's interpreter (``TRITON_INTERPRET=1``), where the tests compare
-them with the plain layers; elsewhere the layers take the plain path.
+Their backward passes recompute the MLP from the same blocks. :func:`embedded_rbf` likewise applies the edge
+embedding to the edges' distance features as it computes them from the atoms, without writing them. The
+kernels run on CUDA devices where Triton is installed, and on the CPU under Triton's interpreter
+(``TRITON_INTERPRET=1``), where the tests compare them with the plain layers; elsewhere the layers take the
+plain path.
 """
 
 from __future__ import annotations
@@ -432,15 +434,25 @@ def _normed_gradients(ctx, d_out: Tensor, *unused: Tensor) -> tuple[Tensor | Non
 normed_edge_messages.register_autograd(_normed_gradients, setup_context=_save_normed)
 
 
-def neighbor_rbf(
-    D_first: Tensor, atoms: Tensor, rows: Tensor, pairs: Tensor, centres: Tensor, sigma: float
+def embedded_rbf(
+    D_first: Tensor,
+    atoms: Tensor,
+    rows: Tensor,
+    pairs: Tensor,
+    centres: Tensor,
+    sigma: float,
+    classes: Tensor,
+    table: Tensor,
+    W: Tensor,
 ) -> Tensor:
-    """The edges' distance features in one kernel, written in the autocast dtype (bf16), which the plain
-    path writes in fp32 for the edge embedding to round: ``out[b, i, k, p, c] = exp(-((D - centres[c]) /
-    sigma)^2)`` (exponents clamped at -87), where ``D`` is ``D_first [B, L, K]`` for ``p = 0`` and, for
-    ``p >= 1``, the distance between atom ``pairs[0, p - 1]`` of residue ``i`` and atom ``pairs[1, p - 1]``
-    of its neighbour, the row ``rows[b * L + i, k]`` of the flattened ``atoms [B, L, A, 3]``:
-    ``[B, L, K, (1 + P) * C]``."""
+    """The full-backbone model's edge embedding in one kernel, ``out[b, i, k] = W rbf[b, i, k] +
+    table[classes[b, i, k]]``, where ``rbf`` are the edge's distance features (``[(1 + P) * C]``, not
+    written): ``exp(-((D - centres[c]) / sigma)^2)`` (exponents clamped at -87), where ``D`` is ``D_first
+    [B, L, K]`` for ``p = 0`` and, for ``p >= 1``, the distance between atom ``pairs[0, p - 1]`` of residue
+    ``i`` and atom ``pairs[1, p - 1]`` of its neighbour, the row ``rows[b * L + i, k]`` of the flattened
+    ``atoms [B, L, A, 3]``. ``W [H, (1 + P) * C]``, ``table [T, H]``. The features are rounded to the
+    autocast dtype, as the plain path's linear map rounds them, and the output is written in it:
+    ``[B, L, K, H]``. The backward pass recomputes the features for ``W``'s gradient."""
     device = atoms.device.type
     dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else atoms.dtype
     B, L, A, _ = atoms.shape
@@ -450,8 +462,61 @@ def neighbor_rbf(
         rows.flatten(),
         pairs,
         centres.float(),
+        classes.flatten(),
+        table.to(dtype),
+        W.to(dtype),
     )
-    return rbf_features(*(x.contiguous() for x in flat), sigma, dtype).view(*D_first.shape, -1)
+    return rbf_embedding(*(x.contiguous() for x in flat), sigma).view(*D_first.shape, -1)
+
+
+@torch.library.custom_op("dpo_inv::rbf_embedding", mutates_args=())
+def rbf_embedding(
+    D_first: Tensor,
+    atoms: Tensor,
+    rows: Tensor,
+    pairs: Tensor,
+    centres: Tensor,
+    classes: Tensor,
+    table: Tensor,
+    W: Tensor,
+    sigma: float,
+) -> Tensor:
+    """:func:`embedded_rbf` on flat inputs (those of :func:`rbf_features`, and ``classes [E]``): ``[E, H]``
+    in ``W``'s dtype."""
+    E, P, C = rows.shape[0], pairs.shape[1], centres.shape[0]
+    out = W.new_empty(E, W.shape[0])
+    dot_dtype = _dot_dtype(W.dtype)
+    _embedding_kernel[(triton.cdiv(E, _EMBEDDING_EDGES),)](
+        D_first, atoms, rows, pairs[0].contiguous(), pairs[1].contiguous(), centres, classes, table,
+        W.to(dot_dtype), out, E, E // atoms.shape[0], A=atoms.shape[1] // 3, P=P, C=C, H=W.shape[0],
+        SIGMA=sigma, PAIRS=_EMBEDDING_PAIRS, BLOCK_E=_EMBEDDING_EDGES, DOT_DTYPE=_TL_DTYPE[dot_dtype],
+    )  # fmt: skip
+    return out
+
+
+@rbf_embedding.register_fake
+def _(D_first, atoms, rows, pairs, centres, classes, table, W, sigma) -> Tensor:  # noqa: ANN001
+    return W.new_empty((rows.shape[0], W.shape[0]))
+
+
+def _save_embedding(ctx, inputs: tuple, output: Tensor) -> None:  # noqa: ANN001
+    *features, classes, table, W, sigma = inputs
+    ctx.save_for_backward(*features, classes)
+    ctx.sigma, ctx.num_classes = sigma, table.shape[0]
+
+
+def _embedding_gradients(ctx, d_out: Tensor) -> tuple[Tensor | None, ...]:  # noqa: ANN001
+    """``table``'s gradient as an embedding's; ``W``'s as a linear map's, from the features recomputed."""
+    *features, classes = ctx.saved_tensors
+    d_table = d_W = None
+    if ctx.needs_input_grad[6]:
+        d_table = torch.ops.aten.embedding_dense_backward(d_out, classes, ctx.num_classes, -1, False)
+    if ctx.needs_input_grad[7]:
+        d_W = d_out.T @ rbf_features(*features, ctx.sigma, d_out.dtype)
+    return None, None, None, None, None, None, d_table, d_W, None
+
+
+rbf_embedding.register_autograd(_embedding_gradients, setup_context=_save_embedding)
 
 
 @torch.library.custom_op("dpo_inv::rbf_features", mutates_args=())
@@ -464,9 +529,9 @@ def rbf_features(
     sigma: float,
     dtype: torch.dtype,
 ) -> Tensor:
-    """:func:`neighbor_rbf` on flat inputs: ``D_first [E]``, ``atoms [R, A * 3]``, the neighbour's row
-    ``rows [E]`` of each edge (edge ``e`` is one of row ``e // (E / R)``), ``pairs [2, P]``:
-    ``[E, (1 + P) * C]``."""
+    """The distance features of :func:`embedded_rbf`, written in ``dtype``, on flat inputs: ``D_first [E]``,
+    ``atoms [R, A * 3]``, the neighbour's row ``rows [E]`` of each edge (edge ``e`` is one of row ``e // (E /
+    R)``), ``pairs [2, P]``: ``[E, (1 + P) * C]``."""
     E, P, C = rows.shape[0], pairs.shape[1], centres.shape[0]
     out = torch.empty(E, (1 + P) * C, device=atoms.device, dtype=dtype)
     _rbf_kernel[(triton.cdiv(E, _RBF_EDGES),)](
@@ -505,6 +570,8 @@ def _configs(*shapes: tuple[int, int, int, int]) -> list:
 
 
 _RBF_EDGES = 256 if INTERPRET else 16  # edges per program of the distance features' kernel (interpreted: few)
+_EMBEDDING_EDGES = 256 if INTERPRET else 64  # and of the edge embedding's: a warpgroup's product, 64 rows
+_EMBEDDING_PAIRS = 4  # pairs of atoms whose features the edge embedding's kernel multiplies at a time
 
 # each kernel is tuned once per form (flags, sequences per structure, neighbours) and dtype
 _TUNED_BY = ["K", "N", *_OPTIONAL, "EDGE_OUT", "DOT_DTYPE"]
@@ -799,3 +866,46 @@ if triton is not None:
         values = tl.exp(tl.maximum(-(z * z), -87.0))
         at = out + e.to(tl.int64)[:, None, None] * ((P + 1) * C) + p[None, :, None] * C + c[None, None, :]
         tl.store(at, values.to(out.dtype.element_ty), mask=(edge_on[:, None] & (p <= P)[None, :])[:, :, None])
+
+    @triton.jit
+    def _embedding_kernel(
+        D_first, atoms, rows, centre_atom, neighbour_atom, centres, classes, table, W, out, E, K,
+        A: tl.constexpr, P: tl.constexpr, C: tl.constexpr, H: tl.constexpr, SIGMA: tl.constexpr,
+        PAIRS: tl.constexpr, BLOCK_E: tl.constexpr, DOT_DTYPE: tl.constexpr,
+    ):  # fmt: skip
+        """:func:`rbf_embedding`: the features of ``PAIRS`` pairs of atoms at a time, as :func:`_rbf_kernel`
+        computes them, multiplied by their columns of ``W`` as they are computed."""
+        e = tl.program_id(0) * BLOCK_E + tl.arange(0, BLOCK_E)
+        i = tl.arange(0, PAIRS)
+        c = tl.arange(0, C)
+        h = tl.arange(0, H)
+        edge_on = e < E
+        centre = (e // K).to(tl.int64)
+        neighbour = tl.load(rows + e, mask=edge_on, other=0)
+        first = tl.load(D_first + e, mask=edge_on, other=0.0)
+        mu = tl.load(centres + c)
+        acc = tl.zeros([BLOCK_E, H], dtype=tl.float32)
+        for p0 in tl.static_range(0, P + 1, PAIRS):
+            p = p0 + i
+            pair_on = (p >= 1) & (p <= P)
+            a = tl.load(centre_atom + p - 1, mask=pair_on, other=0)
+            b = tl.load(neighbour_atom + p - 1, mask=pair_on, other=0)
+            on = edge_on[:, None] & pair_on[None, :]
+            squared = tl.zeros([BLOCK_E, PAIRS], dtype=tl.float32)
+            for x in tl.static_range(3):  # the plain path's sum over x, y, z, in order
+                here = tl.load(atoms + centre[:, None] * (A * 3) + a[None, :] * 3 + x, mask=on, other=0.0)
+                there = tl.load(atoms + neighbour[:, None] * (A * 3) + b[None, :] * 3 + x, mask=on, other=0.0)
+                squared += (here - there) * (here - there)
+            D = tl.where(p[None, :] == 0, first[:, None], tl.sqrt_rn(squared + 1e-6))
+            z = tl.math.div_rn(D[:, :, None] - mu[None, None, :], SIGMA)
+            values = tl.where((p <= P)[None, :, None], tl.exp(tl.maximum(-(z * z), -87.0)), 0.0)
+            values = tl.reshape(values.to(out.dtype.element_ty), [BLOCK_E, PAIRS * C])
+            f = p0 * C + tl.arange(0, PAIRS * C)
+            columns = tl.load(
+                W + h[None, :] * ((P + 1) * C) + f[:, None], mask=(f < (P + 1) * C)[:, None], other=0.0
+            )
+            acc += _dot(values, columns, DOT_DTYPE)
+        encoding = table + tl.load(classes + e, mask=edge_on, other=0)[:, None] * H + h[None, :]
+        acc += tl.load(encoding, mask=edge_on[:, None], other=0.0).to(tl.float32)
+        at = out + e.to(tl.int64)[:, None] * H + h[None, :]
+        tl.store(at, acc.to(out.dtype.element_ty), mask=edge_on[:, None])
