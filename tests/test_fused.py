@@ -277,7 +277,7 @@ def test_the_edge_embedding_kernel_equals_the_plain_features():
     d_out = torch.randn(1, 84, 48, H)
 
     def embedded(fuse: bool) -> tuple[torch.Tensor, ...]:
-        embedding = features._edge_embedding(E_idx, batch["residue_idx"], batch["chain_encoding"])
+        embedding = features._edge_embedding_parts(E_idx, batch["residue_idx"], batch["chain_encoding"])
         out = _embedded_rbf(D_neighbors, atoms, E_idx, features.atom_pairs, embedding, fuse)
         return out, *torch.autograd.grad(out, learnt, d_out.to(out.dtype))
 

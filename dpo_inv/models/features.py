@@ -67,9 +67,9 @@ def _embedded_rbf(
     embedding: tuple[Tensor, ...],
     fuse: bool,
 ) -> Tensor:
-    """The edge embedding of :func:`_neighbor_rbf`'s features and the positional encodings, ``embedding``
-    (from :meth:`GraphFeatures._edge_embedding`). With ``fuse``, where the device allows, one kernel that
-    applies it edge by edge without writing the features (:func:`fused.embedded_rbf`)."""
+    """The edge embedding of :func:`_neighbor_rbf`'s features and the positional encodings, in ``embedding``'s
+    parts (:meth:`GraphFeatures._edge_embedding_parts`). With ``fuse``, where the device allows, one kernel
+    that applies it edge by edge without writing the features (:func:`fused.embedded_rbf`)."""
     if fuse and fused.available(D_neighbors) and not atoms.requires_grad:
         rows = flat_neighbors(E_idx)
         centres = _rbf_centres(atoms.device)
@@ -133,7 +133,7 @@ class GraphFeatures(nn.Module):
         D_adjust = D + (1.0 - mask_2D) * D_max
         return torch.topk(D_adjust, min(self.top_k, Ca.shape[1]), dim=-1, largest=False)
 
-    def _edge_embedding(
+    def _edge_embedding_parts(
         self, E_idx: Tensor, residue_idx: Tensor, chain_labels: Tensor
     ) -> tuple[Tensor, Tensor, Tensor]:
         """``edge_embedding`` of ``[positional encoding, rest]`` in parts: each edge's positional class ``[B,
@@ -174,7 +174,7 @@ class ProteinFeatures(GraphFeatures):
         Cb = virtual_cb(X)
         D_neighbors, E_idx = self._dist(Ca, mask)
         atoms = torch.stack((N, Ca, C, O, Cb), dim=2)
-        embedding = self._edge_embedding(E_idx, residue_idx, chain_labels)
+        embedding = self._edge_embedding_parts(E_idx, residue_idx, chain_labels)
         E = _embedded_rbf(D_neighbors, atoms, E_idx, self.atom_pairs, embedding, self.fused)
         return self.norm_edges(E), E_idx
 
@@ -235,7 +235,7 @@ class CAProteinFeatures(GraphFeatures):
         rest = torch.cat(
             (_neighbor_rbf(D_neighbors, atoms, E_idx, self.atom_pairs), self._orientations(Ca, E_idx)), -1
         )
-        E = _embedded(rest, *self._edge_embedding(E_idx, residue_idx, chain_labels))
+        E = _embedded(rest, *self._edge_embedding_parts(E_idx, residue_idx, chain_labels))
         return self.norm_edges(E), E_idx
 
 
