@@ -657,7 +657,8 @@ if triton is not None:
         return pre, factor, row
 
     @triton.autotune(
-        # none spills on sm_90; (8, 16, 8, 2) spilled 0.2-0.3 KB a thread and is left out
+        # none spills on sm_90; (8, 16, 8, 2) spills 140 bytes a thread in the context layers' form (Triton
+        # 3.9) and takes up to 226 KB of shared memory: left out
         _configs((4, 16, 8, 2), (2, 16, 4, 2), (4, 16, 4, 2), (2, 16, 8, 2), (2, 32, 4, 2), (4, 32, 8, 2)),
         key=[*_TUNED_BY, "NORM"],  # one tuning for the edge update with and without KEEP
     )
@@ -726,8 +727,7 @@ if triton is not None:
         # per-thread spills on sm_90 (`scripts/fused_check.py --compile_only`, Triton 3.9): none for
         # (1, 16, 8, 2) but the decoder's 48 bytes, outside its loops; none to 116 bytes for (1, 16, 8, 3);
         # none to 512 for (2, 16, 8, 2) and (1, 32, 8, 2); 0.2-1.4 KB for (4, 16, 8, 2) and (2, 32, 8, 2);
-        # tiles on 4 warps, and of 8 x 16 edges, spilled 0.7-3.3 KB before the kernel took the edges'
-        # gradients through W_e, and are left out
+        # tiles on 4 warps, and of 8 x 16 edges, spill 0.7-4.6 KB, most of it in the loops, and are left out
         _configs((1, 16, 8, 2), (1, 16, 8, 3), (2, 16, 8, 2), (1, 32, 8, 2), (4, 16, 8, 2), (2, 32, 8, 2)),
         key=[*_TUNED_BY, "EDGE_GRADIENTS"],
         reset_to_zero=["d_table", "d_shared"],
