@@ -256,12 +256,13 @@ def test_the_backward_kernel_writes_the_edges_gradient_once_in_their_dtype():
 @interpreted
 def test_the_edge_embedding_kernel_equals_the_plain_features():
     """The edge embedding of a real structure (2xcjA, 84 residues, 48 neighbours): its 25 RBF-expanded
-    distances and positional encodings as one kernel that never writes the distances' features. In fp32
-    the plain path's values and its weights' gradients (the distances' map's recomputes the features with
-    the features' own kernel, whose values are the plain ones); under bf16 autocast, in bf16 and within
-    bf16 rounding of fp32 and its gradients within it of the plain path's under autocast; the features'
-    kernel's values each within one bf16 unit of the plain ones (a GPU rounds to the nearest, as the linear
-    map's cast does; the interpreter truncates). `opcheck` of both operators."""
+    distances and positional encodings as one kernel that never writes the distances' features. In fp32 the
+    plain path's values and its weights' gradients (the distances' map's recomputes the features with the
+    features' own kernel, whose values are the plain ones, and keeps none for the backward pass, where the
+    plain path keeps them); under bf16 autocast, in bf16 and within bf16 rounding of fp32 and its gradients
+    within it of the plain path's under autocast; the features' kernel's values each within one bf16 unit of
+    the plain ones (a GPU rounds to the nearest, as the linear map's cast does; the interpreter truncates).
+    `opcheck` of both operators."""
     model = load_model("vanilla/v_48_020").eval()
     batch = designed("vanilla/v_48_020")
     X, mask = batch["X"], batch["mask"]
@@ -283,6 +284,15 @@ def test_the_edge_embedding_kernel_equals_the_plain_features():
 
     plain, *plain_grads = embedded(False)
     got, *grads = embedded(True)
+
+    def keeps_features(fuse: bool) -> bool:
+        """Whether autograd keeps a tensor of the 84 x 48 edges' 400 features for the backward pass."""
+        sizes = []
+        with torch.autograd.graph.saved_tensors_hooks(lambda x: sizes.append(x.numel()) or x, lambda x: x):
+            embedded(fuse)
+        return 84 * 48 * 400 in sizes
+
+    assert keeps_features(False) and not keeps_features(True)  # the plain path, for the map's gradient
     assert plain.shape == got.shape == (1, 84, 48, H) and got.dtype == torch.float32
     assert relative(got, plain) < 1e-6
     for a, b in zip(grads, plain_grads, strict=True):
