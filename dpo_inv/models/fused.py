@@ -841,6 +841,28 @@ if triton is not None:
             tl.store(d_weights + (pid * weights + 1) * H * H + square, d_W_e)
 
     @triton.jit
+    def _rbf_values(
+        atoms, centre_atom, neighbour_atom, centre, neighbour, first, edge_on, p, mu,
+        A: tl.constexpr, P: tl.constexpr, SIGMA: tl.constexpr, BLOCK_E: tl.constexpr, PAIRS: tl.constexpr,
+    ):  # fmt: skip
+        """The distance features ``[BLOCK_E, PAIRS, C]`` of the edges from the rows ``centre`` to the rows
+        ``neighbour`` of ``atoms`` (those not ``edge_on`` absent) for the pairs ``p`` of atoms: for ``p = 0``
+        of the distances ``first``, for ``p >= 1`` of atom ``centre_atom[p - 1]`` of the centre to atom
+        ``neighbour_atom[p - 1]`` of the neighbour; zero for ``p > P``. ``mu``: the ``C`` centres."""
+        pair_on = (p >= 1) & (p <= P)
+        a = tl.load(centre_atom + p - 1, mask=pair_on, other=0)
+        b = tl.load(neighbour_atom + p - 1, mask=pair_on, other=0)
+        on = edge_on[:, None] & pair_on[None, :]
+        squared = tl.zeros([BLOCK_E, PAIRS], dtype=tl.float32)
+        for x in tl.static_range(3):  # the plain path's sum over x, y, z, in order
+            here = tl.load(atoms + centre[:, None] * (A * 3) + a[None, :] * 3 + x, mask=on, other=0.0)
+            there = tl.load(atoms + neighbour[:, None] * (A * 3) + b[None, :] * 3 + x, mask=on, other=0.0)
+            squared += (here - there) * (here - there)
+        D = tl.where(p[None, :] == 0, first[:, None], tl.sqrt_rn(squared + 1e-6))
+        z = tl.math.div_rn(D[:, :, None] - mu[None, None, :], SIGMA)
+        return tl.where((p <= P)[None, :, None], tl.exp(tl.maximum(-(z * z), -87.0)), 0.0)
+
+    @triton.jit
     def _rbf_kernel(
         D_first, atoms, rows, centre_atom, neighbour_atom, centres, out, E, K,
         A: tl.constexpr, P: tl.constexpr, P_BLOCK: tl.constexpr, C: tl.constexpr, SIGMA: tl.constexpr,
@@ -850,21 +872,13 @@ if triton is not None:
         p = tl.arange(0, P_BLOCK)
         c = tl.arange(0, C)
         edge_on = e < E
-        pair_on = (p >= 1) & (p <= P)
-        a = tl.load(centre_atom + p - 1, mask=pair_on, other=0)
-        b = tl.load(neighbour_atom + p - 1, mask=pair_on, other=0)
         centre = (e // K).to(tl.int64)
         neighbour = tl.load(rows + e, mask=edge_on, other=0)
-        on = edge_on[:, None] & pair_on[None, :]
-        squared = tl.zeros([BLOCK_E, P_BLOCK], dtype=tl.float32)
-        for x in tl.static_range(3):  # the plain path's sum over x, y, z, in order
-            here = tl.load(atoms + centre[:, None] * (A * 3) + a[None, :] * 3 + x, mask=on, other=0.0)
-            there = tl.load(atoms + neighbour[:, None] * (A * 3) + b[None, :] * 3 + x, mask=on, other=0.0)
-            squared += (here - there) * (here - there)
-        D = tl.sqrt_rn(squared + 1e-6)
-        D = tl.where(p[None, :] == 0, tl.load(D_first + e, mask=edge_on, other=0.0)[:, None], D)
-        z = tl.math.div_rn(D[:, :, None] - tl.load(centres + c)[None, None, :], SIGMA)
-        values = tl.exp(tl.maximum(-(z * z), -87.0))
+        first = tl.load(D_first + e, mask=edge_on, other=0.0)
+        values = _rbf_values(
+            atoms, centre_atom, neighbour_atom, centre, neighbour, first, edge_on, p, tl.load(centres + c),
+            A, P, SIGMA, BLOCK_E, P_BLOCK,
+        )  # fmt: skip
         at = out + e.to(tl.int64)[:, None, None] * ((P + 1) * C) + p[None, :, None] * C + c[None, None, :]
         tl.store(at, values.to(out.dtype.element_ty), mask=(edge_on[:, None] & (p <= P)[None, :])[:, :, None])
 
@@ -878,28 +892,18 @@ if triton is not None:
         computes them, multiplied by their columns of ``W`` as they are computed."""
         e = tl.program_id(0) * BLOCK_E + tl.arange(0, BLOCK_E)
         i = tl.arange(0, PAIRS)
-        c = tl.arange(0, C)
         h = tl.arange(0, H)
         edge_on = e < E
         centre = (e // K).to(tl.int64)
         neighbour = tl.load(rows + e, mask=edge_on, other=0)
         first = tl.load(D_first + e, mask=edge_on, other=0.0)
-        mu = tl.load(centres + c)
+        mu = tl.load(centres + tl.arange(0, C))
         acc = tl.zeros([BLOCK_E, H], dtype=tl.float32)
         for p0 in tl.static_range(0, P + 1, PAIRS):
-            p = p0 + i
-            pair_on = (p >= 1) & (p <= P)
-            a = tl.load(centre_atom + p - 1, mask=pair_on, other=0)
-            b = tl.load(neighbour_atom + p - 1, mask=pair_on, other=0)
-            on = edge_on[:, None] & pair_on[None, :]
-            squared = tl.zeros([BLOCK_E, PAIRS], dtype=tl.float32)
-            for x in tl.static_range(3):  # the plain path's sum over x, y, z, in order
-                here = tl.load(atoms + centre[:, None] * (A * 3) + a[None, :] * 3 + x, mask=on, other=0.0)
-                there = tl.load(atoms + neighbour[:, None] * (A * 3) + b[None, :] * 3 + x, mask=on, other=0.0)
-                squared += (here - there) * (here - there)
-            D = tl.where(p[None, :] == 0, first[:, None], tl.sqrt_rn(squared + 1e-6))
-            z = tl.math.div_rn(D[:, :, None] - mu[None, None, :], SIGMA)
-            values = tl.where((p <= P)[None, :, None], tl.exp(tl.maximum(-(z * z), -87.0)), 0.0)
+            values = _rbf_values(
+                atoms, centre_atom, neighbour_atom, centre, neighbour, first, edge_on, p0 + i, mu,
+                A, P, SIGMA, BLOCK_E, PAIRS,
+            )  # fmt: skip
             values = tl.reshape(values.to(out.dtype.element_ty), [BLOCK_E, PAIRS * C])
             f = p0 * C + tl.arange(0, PAIRS * C)
             columns = tl.load(
