@@ -50,6 +50,9 @@ FORMS = {
     "context": (1, 25, False, False, True, False, False, False, False),
 }
 EDGE_NORM = AutocastLayerNorm(128)  # the edge update's layer norm, as the layer applies it (parameters given)
+# the forms whose backward kernel adds a later use's gradient of the edges to theirs (the encoder's node
+# messages: the edge update's, fused.message_sum_and_edges)
+ADDED = {"encoder"}
 KERNELS = {"forward": fused._forward_kernel, "backward": fused._backward_kernel}
 SHARED_MEMORY_KB = {90: 227, 80: 163, 89: 99}  # the most one block may use, by architecture
 POINTERS = {
@@ -83,7 +86,9 @@ def compiled(kernel: str, form: str, config: triton.Config, arch: int) -> dict[s
         constants.update(NORM=norm, KEEP=norm)
     else:
         edge_gradients = fused._edge_gradients_in_kernel(constants["EDGE_OUT"], constants["HAS_EDGE_WEIGHT"])
-        constants.update(EDGE_GRADIENTS=edge_gradients, N_BLOCK=triton.next_power_of_2(N))
+        constants.update(
+            EDGE_GRADIENTS=edge_gradients, HAS_ADDED=form in ADDED, N_BLOCK=triton.next_power_of_2(N)
+        )
     types = {name: POINTERS.get(name, "*bf16") for name in jit.arg_names}
     types |= {"M": "i32", "R": "i32", "K": "i32"}
     options = {"num_warps": config.num_warps, "num_stages": config.num_stages}
@@ -203,8 +208,8 @@ def plain(form: str, edges, nodes, table, index, seen, shared, W2, b2, W3, b3, W
         pre = pre + seen[..., None] * neighbours + shared[index][:, :, None]
         return F.gelu(F.linear(F.gelu(pre), W2, b2)).sum(1)
     hidden = F.gelu(F.linear(F.gelu(pre + neighbours), W2, b2))
-    if form == "encoder":
-        return (hidden * seen[..., None]).sum(1)
+    if form == "encoder":  # with a later use of the edges (their sum over the neighbours), as the layer's
+        return (hidden * seen[..., None]).sum(1) + edges.sum(1, keepdim=True)
     norm = {"weight": norm_weight, "bias": norm_bias}
     return functional_call(EDGE_NORM, norm, (edges + F.linear(hidden[:, :, 0], W3, b3),))
 
@@ -216,7 +221,8 @@ def fused_form(
         neighbours = {"table": table, "index": index, "scale": seen, "shared": shared}
         return fused.message_sum(edges, nodes, W2, b2, **neighbours, W_e=W_e)
     if form == "encoder":
-        return fused.message_sum(edges, nodes, W2, b2, table=table, index=index, weight=seen, W_e=W_e)
+        out, again = fused.message_sum_and_edges(edges, nodes, W2, b2, table, index, weight=seen, W_e=W_e)
+        return out + again.sum(1, keepdim=True)
     if form == "context":
         return fused.message_sum(edges, nodes, W2, b2, weight=seen)
     norm = (x.to(edges.dtype) for x in (norm_weight, norm_bias))  # rounded as the layer rounds them on CUDA

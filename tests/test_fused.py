@@ -254,6 +254,68 @@ def test_the_backward_kernel_writes_the_edges_gradient_once_in_their_dtype():
 
 
 @interpreted
+def test_the_node_sum_passes_its_edges_on_and_adds_their_later_gradient():
+    """`message_sum_and_edges` (each encoder layer's node messages) returns the edges again for their next
+    use (the edge update): autograd then sums no gradients of the edges, the node sum's backward kernel adds
+    the later use's to its own. In fp32 the gradients of the plain computation with both uses; in bf16 those
+    of `message_sum` with the edges used twice (where autograd adds), within bf16 rounding; an operator
+    (`opcheck` of the backward one with the gradient to add) that a compiled function calls without a graph
+    break; with the edges in another dtype than the kernel's, the edges themselves."""
+    torch.manual_seed(0)
+    R, K, T = 5, 20, 9
+    W2, b2, W_e = leaf(H, H, scale=0.1), leaf(H), leaf(H, H, scale=0.1)
+    later = torch.randn(H, H) / H**0.5  # the later use: a linear map of the edges
+    index = torch.randint(0, T, (R, K))
+    seen = (torch.rand(R, K, 1) > 0.5).float()
+
+    def loss(edges: torch.Tensor, nodes: torch.Tensor, table: torch.Tensor, passes: bool) -> torch.Tensor:
+        blocks = (edges, nodes, W2, b2, table, index)
+        if passes:
+            out, again = fused.message_sum_and_edges(*blocks, weight=seen, W_e=W_e)
+        else:
+            out, again = fused.message_sum(*blocks, weight=seen, W_e=W_e), edges
+        return out.float().square().sum() + F.linear(again.float(), later).sin().sum()
+
+    edges, nodes, table = leaf(R, K, H), leaf(R, 1, H), leaf(T, 1, H)
+    assert torch.equal(fused.message_sum_and_edges(edges, nodes, W2, b2, table, index)[1], edges)
+    leaves = [edges, nodes, table, W2, b2, W_e]
+    pre = F.linear(edges, W_e)[:, :, None] + nodes[:, None] + table[index]
+    plain = (plain_mlp(pre, W2, b2) * seen[..., None]).sum(1).square().sum()
+    want = torch.autograd.grad(plain + F.linear(edges, later).sin().sum(), leaves)
+    got = torch.autograd.grad(loss(edges, nodes, table, True), leaves)
+    for a, b in zip(got, want, strict=True):
+        assert relative(a, b) < 1e-5
+
+    low = [x.detach().bfloat16().requires_grad_() for x in (edges, nodes, table)]
+    want = torch.autograd.grad(loss(*low, False), low)
+    backward = fused.message_mlp_backward
+    calls = []
+    fused.message_mlp_backward = lambda *args: calls.append(args[-1]) or backward(*args)
+    try:
+        got = torch.autograd.grad(loss(*low, True), low)
+    finally:
+        fused.message_mlp_backward = backward
+    assert len(calls) == 1 and calls[0] is not None and calls[0].dtype == torch.bfloat16
+    for a, b in zip(got, want, strict=True):
+        assert a.dtype == torch.bfloat16 and relative(a, b) < 2**-7
+
+    d_out = torch.randn(R, 1, H)
+    blocks = [x.detach() for x in (edges, nodes, table)] + [index, None, seen, None]
+    blocks += [x.detach() for x in (W2, b2)] + [None, None, W_e.detach()]
+    torch.library.opcheck(backward, (d_out, *blocks, torch.randn(R, K, H)))  # (no double backward)
+    args = (edges, nodes, table, True)
+    assert torch._dynamo.explain(loss)(*args).graph_break_count == 0
+    want = torch.autograd.grad(loss(*args), leaves)
+    got = torch.autograd.grad(torch.compile(loss, backend="aot_eager", fullgraph=True)(*args), leaves)
+    for a, b in zip(got, want, strict=True):
+        assert relative(a, b) < 1e-6
+
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # the kernel reads the fp32 edges cast to bf16
+        _, again = fused.message_sum_and_edges(edges, nodes, W2, b2, table, index)
+    assert again is edges
+
+
+@interpreted
 def test_the_edge_embedding_kernel_equals_the_plain_features():
     """The edge embedding of a real structure (2xcjA, 84 residues, 48 neighbours): its 25 RBF-expanded
     distances and positional encodings as one kernel that never writes the distances' features. In fp32 the

@@ -74,6 +74,28 @@ def message_sum(
     return message_mlp(*blocks, W2, b2, None, None, W_e)
 
 
+def message_sum_and_edges(
+    edges: Tensor,
+    nodes: Tensor,
+    W2: Tensor,
+    b2: Tensor,
+    table: Tensor | None = None,
+    index: Tensor | None = None,
+    scale: Tensor | None = None,
+    weight: Tensor | None = None,
+    shared: Tensor | None = None,
+    W_e: Tensor | None = None,
+) -> tuple[Tensor, Tensor]:
+    """:func:`message_sum`, and ``edges`` again for their next use: the backward kernel adds that use's
+    gradient of the edges to the one it writes, where autograd would sum the two in a pass of its own (which
+    reads two values and writes one, where the kernel reads one more). Where the kernels read the edges in
+    another dtype or layout than ``edges``', the sum and ``edges`` themselves."""
+    blocks = _blocks(edges, nodes, table, index, scale, weight, shared)
+    if blocks[0] is not edges:
+        return message_mlp(*blocks, W2, b2, None, None, W_e), edges
+    return _SumAndEdges.apply(*blocks, W2, b2, None, None, W_e)
+
+
 def edge_messages(
     edges: Tensor,
     nodes: Tensor,
@@ -249,17 +271,21 @@ def message_mlp_backward(
     W3: Tensor | None,
     b3: Tensor | None,
     W_e: Tensor | None = None,
+    added: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """The gradients of :func:`message_mlp`'s blocks and weights: ``edges, nodes, table, shared, W2, b2,
     W3, b3, W_e`` (empty for a block or weight that is None); those of the edges and the neighbours' blocks
     as the kernel wrote them (:func:`_gradients_out`; autograd rounds them to their inputs' dtype), the
     others in their inputs' dtype. With ``W_e`` the kernel computes the edges' and ``W_e``'s through the
     edge block ``W_e edges`` (:func:`_edge_gradients_in_kernel`), or writes the block's as the edges' and
-    an empty one for ``W_e``: autograd then takes both from it. The MLP is recomputed from the blocks, edge
-    by edge."""
+    an empty one for ``W_e``: autograd then takes both from it. ``added``: a gradient of the edges from a
+    later use, which the kernel adds to theirs (where it writes theirs, :func:`_writes_edge_gradients`).
+    The MLP is recomputed from the blocks, edge by edge."""
     W2k, b2k, W3k, b3k, W_ek = _weights(_dot_dtype(edges.dtype), W2, b2, W3, b3, W_e)
     edge_out = W3 is not None
     edge_gradients = _edge_gradients_in_kernel(edge_out, W_e is not None)
+    if added is not None and not _writes_edge_gradients(edge_out, W_e is not None):
+        raise ValueError("this backward kernel writes the edge block's gradient, not the edges'")
     R, K, H = edges.shape
     N = nodes.shape[1]
     programs = _num_programs(edges.device)
@@ -272,9 +298,10 @@ def message_mlp_backward(
     d_biases = torch.empty(programs, 2 if edge_out else 1, H, **f32)
     _backward_kernel[(programs,)](
         *_pointers(edges, nodes, table, index, scale, weight, shared), W2k, b2k, W3k, b3k, W_ek,
-        d_out.contiguous(), d_edges, d_nodes, d_table, d_shared, d_weights, d_biases,
-        R, K, N=N, N_BLOCK=triton.next_power_of_2(N), H=H, **_flags(table, scale, weight, shared, W_e),
-        EDGE_OUT=edge_out, EDGE_GRADIENTS=edge_gradients, DOT_DTYPE=_TL_DTYPE[W2k.dtype],
+        d_out.contiguous(), edges if added is None else added.contiguous(), d_edges, d_nodes, d_table,
+        d_shared, d_weights, d_biases, R, K, N=N, N_BLOCK=triton.next_power_of_2(N), H=H,
+        **_flags(table, scale, weight, shared, W_e), EDGE_OUT=edge_out, EDGE_GRADIENTS=edge_gradients,
+        HAS_ADDED=added is not None, DOT_DTYPE=_TL_DTYPE[W2k.dtype],
     )  # fmt: skip
     d_weights, d_biases = d_weights.sum(0), d_biases.sum(0)
     absent = edges.new_empty  # each absent gradient a tensor of its own: an operator's outputs share nothing
@@ -299,6 +326,12 @@ def _edge_gradients_in_kernel(edge_out: bool, edge_weight: bool) -> bool:
     return edge_weight and not edge_out
 
 
+def _writes_edge_gradients(edge_out: bool, edge_weight: bool) -> bool:
+    """Whether the backward kernel writes the edges' gradient (through their block's weight, or without one
+    the block's, which is theirs), not their block's."""
+    return not edge_weight or _edge_gradients_in_kernel(edge_out, edge_weight)
+
+
 def _gradients_out(edges: Tensor, nodes: Tensor) -> tuple[Tensor, Tensor]:
     """The backward kernel's outputs for the gradients of ``edges`` and ``nodes``, in their dtype: it writes
     each value once, the edges' summed over the sequences in registers. (The neighbours' blocks' gradients,
@@ -308,7 +341,7 @@ def _gradients_out(edges: Tensor, nodes: Tensor) -> tuple[Tensor, Tensor]:
 
 @message_mlp_backward.register_fake
 def _(
-    d_out, edges, nodes, table, index, scale, weight, shared, W2, b2, W3, b3, W_e=None
+    d_out, edges, nodes, table, index, scale, weight, shared, W2, b2, W3, b3, W_e=None, added=None
 ) -> tuple[Tensor, ...]:  # noqa: ANN001
     d_edges, d_nodes = _gradients_out(edges, nodes)
     d_tables = (
@@ -325,12 +358,16 @@ def _save_blocks(ctx, inputs: tuple, output: Tensor) -> None:  # noqa: ANN001
     ctx.save_for_backward(*inputs)
 
 
-def _gradients(ctx, d_out: Tensor) -> tuple[Tensor | None, ...]:  # noqa: ANN001
+def _gradients(ctx, d_out: Tensor, added: Tensor | None = None) -> tuple[Tensor | None, ...]:  # noqa: ANN001
+    """The gradients of :func:`message_mlp`'s inputs; ``added``, a gradient of the edges from a later use,
+    summed into theirs by the backward kernel where it writes theirs."""
     edges, nodes, table, index, scale, weight, shared, W2, b2, W3, b3, W_e = ctx.saved_tensors
+    in_kernel = _writes_edge_gradients(W3 is not None, W_e is not None)
     d_edges, d_nodes, d_table, d_shared, d_W2, d_b2, d_W3, d_b3, d_W_e = message_mlp_backward(
-        d_out, edges, nodes, table, index, scale, weight, shared, W2, b2, W3, b3, W_e
-    )
-    d_edges, d_W_e = _edge_gradients(d_edges, d_W_e, edges, W_e)
+        d_out, edges, nodes, table, index, scale, weight, shared, W2, b2, W3, b3, W_e,
+        added if in_kernel else None,
+    )  # fmt: skip
+    d_edges, d_W_e = _edge_gradients(d_edges, d_W_e, edges, W_e, None if in_kernel else added)
     present = W3 is not None
     return (
         d_edges, d_nodes, d_table.to(table.dtype) if table is not None else None, None, None,
@@ -356,6 +393,22 @@ def _edge_gradients(
 
 
 message_mlp.register_autograd(_gradients, setup_context=_save_blocks)
+
+
+class _SumAndEdges(torch.autograd.Function):
+    """:func:`message_mlp`'s node sums and its edges again, for a later use of them, whose gradient of the
+    edges then reaches this backward pass: the kernel adds it to the one it writes."""
+
+    @staticmethod
+    def forward(ctx, *inputs: Tensor | None) -> tuple[Tensor, Tensor]:  # noqa: ANN001
+        ctx.set_materialize_grads(False)  # no later use: no gradient to add
+        ctx.save_for_backward(*inputs)
+        edges = inputs[0]
+        return message_mlp(*inputs), edges.view_as(edges)
+
+    @staticmethod
+    def backward(ctx, d_out: Tensor, d_edges: Tensor | None) -> tuple[Tensor | None, ...]:  # noqa: ANN001
+        return _gradients(ctx, d_out, d_edges)
 
 
 @torch.library.custom_op("dpo_inv::edge_update", mutates_args=())
@@ -736,15 +789,16 @@ if triton is not None:
     @triton.jit(do_not_specialize=["R"])
     def _backward_kernel(
         edges, nodes, table, index, scale, weight, shared, W2, b2, W3, b3, W_e,
-        d_out, d_edges, d_nodes, d_table, d_shared, d_weights, d_biases, R, K,
+        d_out, added, d_edges, d_nodes, d_table, d_shared, d_weights, d_biases, R, K,
         N: tl.constexpr, N_BLOCK: tl.constexpr, H: tl.constexpr, BLOCK_M: tl.constexpr,
         BLOCK_K: tl.constexpr, HAS_TABLE: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_WEIGHT: tl.constexpr,
         HAS_SHARED: tl.constexpr, HAS_EDGE_WEIGHT: tl.constexpr, EDGE_OUT: tl.constexpr,
-        EDGE_GRADIENTS: tl.constexpr, DOT_DTYPE: tl.constexpr,
+        EDGE_GRADIENTS: tl.constexpr, HAS_ADDED: tl.constexpr, DOT_DTYPE: tl.constexpr,
     ):  # fmt: skip
         """Each program takes ``BLOCK_M`` nodes at a time and ``BLOCK_K`` of their edges, and the ``N``
         sequences of those edges in turn (``N_BLOCK``: N to a power of two): it sums the edge block's
-        gradient over the sequences in registers and writes the edges' gradient once, in their dtype."""
+        gradient over the sequences in registers and writes the edges' gradient once, in their dtype (with
+        ``HAS_ADDED``, plus ``added``: their gradient from a later use)."""
         pid = tl.program_id(0)
         h = tl.arange(0, H)
         s = tl.arange(0, N_BLOCK)  # the sequences of a node
@@ -826,8 +880,10 @@ if triton is not None:
                     d_rows = tl.trans(tl.reshape(d_block, [BLOCK_M * BLOCK_K, H]))
                     d_W_e += _dot(d_rows, tl.reshape(states, [BLOCK_M * BLOCK_K, H]), DOT_DTYPE)
                     d_edge = tl.reshape(tl.trans(_dot(W_et, d_rows, DOT_DTYPE)), [BLOCK_M, BLOCK_K, H])
-                at_edges = d_edges + edge[:, :, None] * H + h[None, None, :]
-                tl.store(at_edges, d_edge.to(d_edges.dtype.element_ty), mask=valid[:, :, None])
+                at_edges = edge[:, :, None] * H + h[None, None, :]
+                if HAS_ADDED:
+                    d_edge += tl.load(added + at_edges, mask=valid[:, :, None], other=0.0).to(tl.float32)
+                tl.store(d_edges + at_edges, d_edge.to(d_edges.dtype.element_ty), mask=valid[:, :, None])
             tl.store(d_nodes + rows, d_node.to(d_nodes.dtype.element_ty), mask=present)
         square = h[:, None] * H + h[None, :]
         weights = 2 if EDGE_OUT or EDGE_GRADIENTS else 1  # W2's, then W3's or W_e's

@@ -286,12 +286,14 @@ class EncLayer(nn.Module):
     ) -> tuple[Tensor, Tensor]:
         fuses = runs_fused(self, h_E)
         if fuses:
-            edges = h_E.flatten(0, 1)
             node_i, node_j, W_e = self._blocks(self.W1, h_V, h_E)
-            summed = fused.message_sum(
-                edges, node_i[:, None], weight(self.W2), self.W2.bias, table=node_j[:, None],
+            # the edges come back for the edge update below: the node sum's backward kernel adds the edge
+            # update's gradient of them to its own
+            summed, edges = fused.message_sum_and_edges(
+                h_E.flatten(0, 1), node_i[:, None], weight(self.W2), self.W2.bias, table=node_j[:, None],
                 index=flat_neighbors(E_idx), weight=mask_attend.flatten(0, 1)[..., None], W_e=W_e,
-            ).view_as(h_V)  # fmt: skip
+            )  # fmt: skip
+            summed, h_E = summed.view_as(h_V), edges.view_as(h_E)
         else:
             hidden = self.act(linear(self.W2, self.act(self._first_linear(self.W1, h_V, h_E, E_idx))))
             summed = torch.einsum("blk,blkh->blh", mask_attend.to(hidden.dtype), hidden)
