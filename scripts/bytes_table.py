@@ -1,7 +1,7 @@
 """The bytes a DPO step moves per pair, counted operator by operator, for the step of now and of before: the
 table of docs/benchmarks.md, "Bytes a step moves". No GPU needed.
 
-    python scripts/bytes_table.py            # 19 rows, about 32 minutes on two CPU cores
+    python scripts/bytes_table.py            # 21 rows, about 35 minutes on two CPU cores
 
 Each row is one `scripts/benchmark.py` process (one warm-up micro-batch of 2 structures of 150 residues,
 whose operators it counts; `megabytes_moved_per_pair`), with CUDA's autocast policy for layer norms (fp32)
@@ -13,7 +13,7 @@ blocks of the first linear maps applied before the kernels, the edges' and their
 taken from the blocks' after the backward kernels (and the edge update's residual's added to its edges'),
 the edge update's kernel's gradient of the edges written in fp32, the decoder's kernel's summed over its
 sequences with fp32 atomic adds (and then rounded), the distance features written by their kernel and the
-edge embedding applied after it.
+edge embedding applied after it, the encoder layers' two gradients of their edges summed by autograd.
 """
 
 from __future__ import annotations
@@ -47,7 +47,8 @@ FUSED, PRE = "--fused_kernels true", "--precompute_ref_log_probs"
 # the edge update's residual and layer norm after its kernel, the edge blocks applied before the kernels, the
 # edges' gradients through W_e taken after the backward kernels, and the residual's added after, the edge
 # update's edge gradients in fp32, the decoder's summed over its sequences in fp32 by atomic adds, the edge
-# embedding applied to the distance features after their kernel wrote them
+# embedding applied to the distance features after their kernel wrote them, the encoder layers' node sums
+# not passing their edges on (autograd adds the edge update's gradient of them to theirs)
 BEFORE = frozenset(
     {
         "norms",
@@ -60,6 +61,7 @@ BEFORE = frozenset(
         "edge update",
         "decoder sums",
         "embedding",
+        "edges passed",
     }
 )
 # row: (options, what it puts back)
@@ -76,30 +78,41 @@ ROWS = {
     ),
     "bf16, fused, and the decoder's neighbours gathered in its kernel": (
         f"{BF16} {FUSED}",
-        {"epilogue", "edge blocks", "edge gradients", "edge update", "decoder sums", "embedding"},
+        BEFORE - {"norms", "features", "gradients", "structure"},
     ),
     "bf16, fused, and the edge update's residual and layer norm in its kernel": (
         f"{BF16} {FUSED}",
-        {"edge blocks", "edge gradients", "edge update", "decoder sums", "embedding"},
+        {"edge blocks", "edge gradients", "edge update", "decoder sums", "embedding", "edges passed"},
     ),
     "bf16, fused, and the edge blocks applied in the kernels": (
         f"{BF16} {FUSED}",
-        {"edge gradients", "edge update", "decoder sums", "embedding"},
+        {"edge gradients", "edge update", "decoder sums", "embedding", "edges passed"},
     ),
     "bf16, fused, and the edges' gradients through the edge blocks in the kernels": (
         f"{BF16} {FUSED}",
-        {"edge update", "decoder sums", "embedding"},
+        {"edge update", "decoder sums", "embedding", "edges passed"},
     ),
     "bf16, fused, and the edge update's edge gradients in bf16": (
         f"{BF16} {FUSED}",
-        {"decoder sums", "embedding"},
+        {"decoder sums", "embedding", "edges passed"},
     ),
-    "bf16, fused, and the decoder's edge gradients summed in its kernel": (f"{BF16} {FUSED}", {"embedding"}),
-    "bf16, fused, and the edge embedding in the distance features' kernel": (f"{BF16} {FUSED}", set()),
+    "bf16, fused, and the decoder's edge gradients summed in its kernel": (
+        f"{BF16} {FUSED}",
+        {"embedding", "edges passed"},
+    ),
+    "bf16, fused, and the edge embedding in the distance features' kernel": (
+        f"{BF16} {FUSED}",
+        {"edges passed"},
+    ),
+    "bf16, fused, and the encoder's edge gradients summed in its kernels": (f"{BF16} {FUSED}", set()),
     "fp32, precomputed reference": (f"{FP32} {PRE}", set()),
     "bf16, plain, precomputed reference, before": (f"{BF16} {PRE}", {"norms"}),
     "bf16, plain, precomputed reference": (f"{BF16} {PRE}", set()),
     "bf16, fused, precomputed reference, before": (f"{BF16} {PRE} {FUSED}", BEFORE),
+    "bf16, fused, precomputed reference, before the encoder's edge gradients summed in its kernels": (
+        f"{BF16} {PRE} {FUSED}",
+        {"edges passed"},
+    ),
     "bf16, fused, precomputed reference": (f"{BF16} {PRE} {FUSED}", set()),
 }
 BENCHMARK = "--lengths 150 --batch_sizes 2 --steps 1 --warmup 1 --work_dir outputs/bytes_table"
@@ -176,6 +189,11 @@ def count(row: str) -> None:
             return d_edges if added is None else d_edges + added, d_W_e
 
         fused._edge_gradients = added_after
+    if "edges passed" in put_back:  # the edges used twice by each encoder layer: autograd adds the gradients
+        fused.message_sum_and_edges = lambda edges, *args, **kwargs: (
+            fused.message_sum(edges, *args, **kwargs),
+            edges,
+        )
     if "edge blocks" in put_back:  # W_e applied to the edges by a linear map, its output read by the kernel
         for name in ("message_sum", "edge_messages", "edge_update"):
             fused_op = getattr(fused, name)

@@ -8,7 +8,8 @@ the edge's state in the kernel or given; a node block; gathered neighbour blocks
 visibility mask), run the MLP in registers, and write only
 
 - :func:`message_sum`: the (masked) sum of the messages over each node's edges (node updates: the encoder,
-  the decoder, LigandMPNN's context layers);
+  the decoder, LigandMPNN's context layers); :func:`message_sum_and_edges` also returns the edges for a
+  later use, whose gradient of them its backward kernel adds to its own;
 - :func:`edge_messages`: the last linear map of the MLP applied per edge (the encoder's edge update);
   :func:`edge_update` also adds them to the edges and normalises the sums (its residual and layer norm).
 
