@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from dpo_inv.data.batches import collate, structure_inputs
 from dpo_inv.data.design import prepare_design
@@ -394,21 +395,36 @@ def designed(name: str) -> dict[str, torch.Tensor]:
     return collate([prepare_design(path, design, fixed, {}, options).example])
 
 
-def step(model, batch: dict[str, torch.Tensor], precision: str) -> tuple[torch.Tensor, torch.Tensor]:
+class EdgeGradientSums(TorchDispatchMode):
+    """Counts the adds of two tensors shaped as the edges, ``[..., K, H]``: in a backward pass, autograd
+    summing a gradient of the edges over their uses."""
+
+    def __init__(self, K: int) -> None:
+        super().__init__()
+        self.K, self.count = K, 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+        if func in (torch.ops.aten.add.Tensor, torch.ops.aten.add_.Tensor):
+            self.count += all(isinstance(x, torch.Tensor) and x.shape[-2:] == (self.K, H) for x in args[:2])
+        return func(*args, **(kwargs or {}))
+
+
+def step(model, batch: dict[str, torch.Tensor], precision: str) -> tuple[torch.Tensor, torch.Tensor, int]:
     """Log-probs of the native sequence and of it shifted by one, each in its own random decoding order (two
-    sequences per structure in the decoder), and the gradient of their sum's difference (a DPO-like
-    objective) with respect to every parameter."""
+    sequences per structure in the decoder), the gradient of their sum's difference (a DPO-like objective)
+    with respect to every parameter, and how many sums of the edges' gradients its backward pass ran."""
     S = torch.stack([batch["native"], batch["native"].roll(1, 1)], 1)
     ranks = decoding_ranks(batch["decode_mask"], batch["mask"], [7], num_orders=2)
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
         log_probs = model.decode(model.encode(**structure_inputs(batch)), S, ranks)
     logps = (log_probs.gather(-1, S.unsqueeze(-1)).squeeze(-1) * batch["mask"][:, None]).sum(-1)
     params = [p for p in model.parameters() if p.requires_grad]
-    grads = torch.autograd.grad(logps[:, 0].sum() - logps[:, 1].sum(), params, allow_unused=True)
+    with EdgeGradientSums(model.config.k_neighbors) as sums:
+        grads = torch.autograd.grad(logps[:, 0].sum() - logps[:, 1].sum(), params, allow_unused=True)
     flat = [
         g.flatten() if g is not None else torch.zeros(p.numel()) for g, p in zip(grads, params, strict=True)
     ]
-    return logps.detach(), torch.cat(flat)
+    return logps.detach(), torch.cat(flat), sums.count
 
 
 @interpreted
@@ -431,16 +447,18 @@ def test_models_with_fused_kernels_equal_the_plain_layers(name: str, monkeypatch
         monkeypatch.setattr(
             fused, op, lambda *args, op=op, original=original: calls.append(op) or original(*args)
         )
-    logps, gradient = step(model, batch, "no")
+    logps, gradient, plain_sums = step(model, batch, "no")
     assert calls == []  # off by default
-    logps_fused, gradient_fused = step(fused_model, batch, "no")
+    logps_fused, gradient_fused, sums = step(fused_model, batch, "no")
     if name.startswith("vanilla"):
         assert sorted(calls) == ["embedded_rbf"] + ["message_mlp"] * 6 + ["normed_edge_messages"] * 3
+        # each layer passes its edges on, and its backward kernel adds the later layers' gradient of them
+        assert plain_sums >= 5 and sums == 0
     assert (logps_fused - logps).abs().max() < 1e-3  # sums of ~90 log-probs, each within 1e-5
     assert relative(gradient_fused, gradient) < 1e-5
     if name.startswith("ligand"):
         return  # bf16 takes the same path (the interpreter multiplies in fp32): once is enough
-    logps16, gradient16 = step(fused_model, batch, "bf16")
+    logps16, gradient16, _ = step(fused_model, batch, "bf16")
     assert ((logps16 - logps).abs() <= 2**-7 * logps.abs()).all()
     assert F.cosine_similarity(gradient16, gradient, dim=0) > 0.99
     assert float(gradient16.norm()) == pytest.approx(float(gradient.norm()), rel=0.05)
