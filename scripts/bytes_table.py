@@ -13,8 +13,7 @@ blocks of the first linear maps applied before the kernels, the edges' and their
 taken from the blocks' after the backward kernels (and the edge update's residual's added to its edges'),
 the edge update's kernel's gradient of the edges written in fp32, the decoder's kernel's summed over its
 sequences with fp32 atomic adds (and then rounded), the distance features written by their kernel and the
-edge embedding applied after it, the gradients of the edges over their uses (each encoder layer's two, the
-decoder layers' three) summed by autograd.
+edge embedding applied after it, the encoder layers' two gradients of their edges summed by autograd.
 """
 
 from __future__ import annotations
@@ -48,8 +47,8 @@ FUSED, PRE = "--fused_kernels true", "--precompute_ref_log_probs"
 # the edge update's residual and layer norm after its kernel, the edge blocks applied before the kernels, the
 # edges' gradients through W_e taken after the backward kernels, and the residual's added after, the edge
 # update's edge gradients in fp32, the decoder's summed over its sequences in fp32 by atomic adds, the edge
-# embedding applied to the distance features after their kernel wrote them, the node sums not passing their
-# edges on to their next use (autograd adds the gradients of the edges over their uses)
+# embedding applied to the distance features after their kernel wrote them, the encoder layers' node sums
+# not passing their edges on (autograd adds the edge update's gradient of them to theirs)
 BEFORE = frozenset(
     {
         "norms",
@@ -105,12 +104,12 @@ ROWS = {
         f"{BF16} {FUSED}",
         {"edges passed"},
     ),
-    "bf16, fused, and the edges' gradients summed over their uses in the kernels": (f"{BF16} {FUSED}", set()),
+    "bf16, fused, and the encoder's edge gradients summed in its kernels": (f"{BF16} {FUSED}", set()),
     "fp32, precomputed reference": (f"{FP32} {PRE}", set()),
     "bf16, plain, precomputed reference, before": (f"{BF16} {PRE}", {"norms"}),
     "bf16, plain, precomputed reference": (f"{BF16} {PRE}", set()),
     "bf16, fused, precomputed reference, before": (f"{BF16} {PRE} {FUSED}", BEFORE),
-    "bf16, fused, precomputed reference, before the edges' gradients summed over their uses in the kernels": (
+    "bf16, fused, precomputed reference, before the encoder's edge gradients summed in its kernels": (
         f"{BF16} {PRE} {FUSED}",
         {"edges passed"},
     ),
@@ -190,9 +189,7 @@ def count(row: str) -> None:
             return d_edges if added is None else d_edges + added, d_W_e
 
         fused._edge_gradients = added_after
-    if (
-        "edges passed" in put_back
-    ):  # each use of the edges takes them as they were: autograd adds the gradients
+    if "edges passed" in put_back:  # the edges used twice by each encoder layer: autograd adds the gradients
         fused.message_sum_and_edges = lambda edges, *args, **kwargs: (
             fused.message_sum(edges, *args, **kwargs),
             edges,

@@ -452,8 +452,9 @@ def test_models_with_fused_kernels_equal_the_plain_layers(name: str, monkeypatch
     logps_fused, gradient_fused, sums = step(fused_model, batch, "no")
     if name.startswith("vanilla"):
         assert sorted(calls) == ["embedded_rbf"] + ["message_mlp"] * 6 + ["normed_edge_messages"] * 3
-        # each layer passes its edges on, and its backward kernel adds the later layers' gradient of them
-        assert plain_sums >= 5 and sums == 0
+        # each encoder layer's node messages pass their edges on to its edge update, and their backward
+        # kernel adds its gradient of them; autograd still sums the decoder's three layers'
+        assert sums == 2 < plain_sums
     assert (logps_fused - logps).abs().max() < 1e-3  # sums of ~90 log-probs, each within 1e-5
     assert relative(gradient_fused, gradient) < 1e-5
     if name.startswith("ligand"):

@@ -243,10 +243,9 @@ def test_decoder_layer_updates_chosen_positions_as_the_full_layer(models, featur
         h_S = model.W_s(torch.randint(0, 21, (B, L, N), generator=generator))
         h_V = torch.randn(B, L, N, H, generator=generator)
         layer = model.decoder_layers[1]
-        full, edges = layer(h_V, h_S, enc, mask_bw)
-        chosen = layer.update_positions(h_V, h_S, enc, mask_bw, positions)
-        chosen_pair = layer.update_positions(h_V, h_S, enc, mask_bw, positions[:, 5:7])
-    assert edges is enc.h_E  # the plain path: the encoder's edges themselves for the next layer
+        full = layer(h_V, h_S, enc, mask_bw)
+        chosen = layer(h_V, h_S, enc, mask_bw, positions)
+        chosen_pair = layer(h_V, h_S, enc, mask_bw, positions[:, 5:7])
     torch.testing.assert_close(chosen, gather_sample_nodes(full, positions), atol=TOL, rtol=0)
     torch.testing.assert_close(chosen_pair, chosen[:, 5:7], atol=TOL, rtol=0)
     scattered = torch.zeros_like(full)

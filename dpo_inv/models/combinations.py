@@ -165,7 +165,7 @@ def base_states(model: ProteinMPNN, enc: Encoding, wildtype: Tensor, ranks: Tens
     h_V = enc.h_V.unsqueeze(2).expand_as(h_S)
     states = [h_V[0].reshape(-1, h_V.shape[-1])]
     for layer in model.decoder_layers[:-1]:
-        h_V = layer(h_V, h_S, enc, mask_bw)[0]
+        h_V = layer(h_V, h_S, enc, mask_bw)
         states.append(h_V[0].reshape(-1, h_V.shape[-1]))
     return states
 

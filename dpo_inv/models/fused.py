@@ -280,13 +280,13 @@ def message_mlp_backward(
     others in their inputs' dtype. With ``W_e`` the kernel computes the edges' and ``W_e``'s through the
     edge block ``W_e edges`` (:func:`_edge_gradients_in_kernel`), or writes the block's as the edges' and
     an empty one for ``W_e``: autograd then takes both from it. ``added``: a gradient of the edges from a
-    later use, which the kernel adds to theirs (where it writes theirs, :func:`_writes_edge_gradients`).
-    The MLP is recomputed from the blocks, edge by edge."""
+    later use, which the kernel adds to the one it computes through the edge block. The MLP is recomputed
+    from the blocks, edge by edge."""
     W2k, b2k, W3k, b3k, W_ek = _weights(_dot_dtype(edges.dtype), W2, b2, W3, b3, W_e)
     edge_out = W3 is not None
     edge_gradients = _edge_gradients_in_kernel(edge_out, W_e is not None)
-    if added is not None and not _writes_edge_gradients(edge_out, W_e is not None):
-        raise ValueError("this backward kernel writes the edge block's gradient, not the edges'")
+    if added is not None and not edge_gradients:
+        raise ValueError("the backward kernel adds a gradient of the edges where it computes theirs")
     R, K, H = edges.shape
     N = nodes.shape[1]
     programs = _num_programs(edges.device)
@@ -327,12 +327,6 @@ def _edge_gradients_in_kernel(edge_out: bool, edge_weight: bool) -> bool:
     return edge_weight and not edge_out
 
 
-def _writes_edge_gradients(edge_out: bool, edge_weight: bool) -> bool:
-    """Whether the backward kernel writes the edges' gradient (through their block's weight, or without one
-    the block's, which is theirs), not their block's."""
-    return not edge_weight or _edge_gradients_in_kernel(edge_out, edge_weight)
-
-
 def _gradients_out(edges: Tensor, nodes: Tensor) -> tuple[Tensor, Tensor]:
     """The backward kernel's outputs for the gradients of ``edges`` and ``nodes``, in their dtype: it writes
     each value once, the edges' summed over the sequences in registers. (The neighbours' blocks' gradients,
@@ -361,9 +355,9 @@ def _save_blocks(ctx, inputs: tuple, output: Tensor) -> None:  # noqa: ANN001
 
 def _gradients(ctx, d_out: Tensor, added: Tensor | None = None) -> tuple[Tensor | None, ...]:  # noqa: ANN001
     """The gradients of :func:`message_mlp`'s inputs; ``added``, a gradient of the edges from a later use,
-    summed into theirs by the backward kernel where it writes theirs."""
+    summed into theirs by the backward kernel where it computes theirs through the edge block."""
     edges, nodes, table, index, scale, weight, shared, W2, b2, W3, b3, W_e = ctx.saved_tensors
-    in_kernel = _writes_edge_gradients(W3 is not None, W_e is not None)
+    in_kernel = _edge_gradients_in_kernel(W3 is not None, W_e is not None)
     d_edges, d_nodes, d_table, d_shared, d_W2, d_b2, d_W3, d_b3, d_W_e = message_mlp_backward(
         d_out, edges, nodes, table, index, scale, weight, shared, W2, b2, W3, b3, W_e,
         added if in_kernel else None,
@@ -799,7 +793,7 @@ if triton is not None:
         """Each program takes ``BLOCK_M`` nodes at a time and ``BLOCK_K`` of their edges, and the ``N``
         sequences of those edges in turn (``N_BLOCK``: N to a power of two): it sums the edge block's
         gradient over the sequences in registers and writes the edges' gradient once, in their dtype (with
-        ``HAS_ADDED``, plus ``added``: their gradient from a later use)."""
+        ``HAS_ADDED`` and ``EDGE_GRADIENTS``, plus ``added``: their gradient from a later use)."""
         pid = tl.program_id(0)
         h = tl.arange(0, H)
         s = tl.arange(0, N_BLOCK)  # the sequences of a node
@@ -875,15 +869,20 @@ if triton is not None:
                     at_shared = d_shared + shared_row[:, :, None] * H + h[None, None, :]
                     tl.atomic_add(at_shared, d_block, mask=valid[:, :, None])
                 # the edges' gradient: the block's, or through W_e as its linear map's backward pass
-                # (transposed as the products above), with W_e's
+                # (transposed as the products above), with W_e's, and a later use's added (HAS_ADDED) to
+                # the product's transposed tile, where the kernel spills less than when adding after it
+                at_edges = edge[:, :, None] * H + h[None, None, :]
                 d_edge = d_block
                 if EDGE_GRADIENTS:
                     d_rows = tl.trans(tl.reshape(d_block, [BLOCK_M * BLOCK_K, H]))
                     d_W_e += _dot(d_rows, tl.reshape(states, [BLOCK_M * BLOCK_K, H]), DOT_DTYPE)
-                    d_edge = tl.reshape(tl.trans(_dot(W_et, d_rows, DOT_DTYPE)), [BLOCK_M, BLOCK_K, H])
-                at_edges = edge[:, :, None] * H + h[None, None, :]
-                if HAS_ADDED:
-                    d_edge += tl.load(added + at_edges, mask=valid[:, :, None], other=0.0).to(tl.float32)
+                    d_edge_t = _dot(W_et, d_rows, DOT_DTYPE)
+                    if HAS_ADDED:
+                        at_t = tl.trans(tl.reshape(at_edges, [BLOCK_M * BLOCK_K, H]))
+                        on = tl.broadcast_to(valid[:, :, None], [BLOCK_M, BLOCK_K, H])
+                        on_t = tl.trans(tl.reshape(on, [BLOCK_M * BLOCK_K, H]))
+                        d_edge_t += tl.load(added + at_t, mask=on_t, other=0.0).to(tl.float32)
+                    d_edge = tl.reshape(tl.trans(d_edge_t), [BLOCK_M, BLOCK_K, H])
                 tl.store(d_edges + at_edges, d_edge.to(d_edges.dtype.element_ty), mask=valid[:, :, None])
             tl.store(d_nodes + rows, d_node.to(d_nodes.dtype.element_ty), mask=present)
         square = h[:, None] * H + h[None, :]

@@ -30,7 +30,6 @@ class DecoderStates:
     h_V: Tensor  # [B, L, N, H]
     h_S: Tensor  # [B, L, N, H] token embeddings
     mask_bw: Tensor  # [B, L, K, N]: 1 where position i sees the token of neighbour j
-    h_E: Tensor  # [B, L, K, H] the encoder's edges as the layers below pass them on (DecLayer.forward)
 
 
 def linear(W: nn.Module, x: Tensor) -> Tensor:
@@ -328,38 +327,32 @@ class DecLayer(NodeLayer):
     sum over neighbours. A subset of positions can be updated alone, for incremental decoding.
     """
 
-    def forward(self, h_V: Tensor, h_S: Tensor, enc: Encoding, mask_bw: Tensor) -> tuple[Tensor, Tensor]:
-        """Update the states ``h_V [B, L, N, H]`` from the token embeddings ``h_S [B, L, N, H]``; ``mask_bw
-        [B, L, K, N]`` is 1 where ``i`` is present and sees the token of neighbour ``j``.
-
-        Returns the new states ``[B, L, N, H]`` and the encoder's edges for the next layer: with the fused
-        kernel, the edges it passes on (its backward pass adds the next layers' gradient of them to its own,
-        where autograd would sum the two in a pass of its own), else ``enc.h_E``.
-        """
-        H = h_V.shape[-1]
-        W_i, W_e, W_s, W_j = weight(self.W1).split([H, enc.h_E.shape[-1], h_S.shape[-1], H], dim=1)
-        neighbours = F.linear(enc.h_V, W_j)
-        visible = F.linear(h_S, W_s) + F.linear(h_V - enc.h_V.unsqueeze(2), W_j)
-        if runs_fused(self, enc.h_E):  # the edge block applied and the neighbours' gathered in the kernel
-            summed, edges = fused.message_sum_and_edges(
-                enc.h_E.flatten(0, 1), F.linear(h_V, W_i, self.W1.bias).flatten(0, 1),
-                weight(self.W2), self.W2.bias, table=visible.flatten(0, 1),
-                index=flat_neighbors(enc.E_idx), scale=mask_bw.flatten(0, 1),
-                shared=neighbours.flatten(0, 1), W_e=W_e,
-            )  # fmt: skip
-            summed = summed.view_as(h_V)
-            h_V = self._update_nodes(h_V, summed, enc.E_idx.shape[2], enc.mask.unsqueeze(-1))
-            return h_V, edges.view_as(enc.h_E)
-        structure = F.linear(enc.h_E, W_e).add_(gather_nodes(neighbours, enc.E_idx))
-        visible = gather_nodes(visible, enc.E_idx)
-        pre = torch.addcmul(structure.unsqueeze(3), mask_bw.unsqueeze(-1).to(visible.dtype), visible)
-        return self._update(h_V, pre, enc.mask.unsqueeze(-1)), enc.h_E
-
-    def update_positions(
-        self, h_V: Tensor, h_S: Tensor, enc: Encoding, mask_bw: Tensor, positions: Tensor
+    def forward(
+        self, h_V: Tensor, h_S: Tensor, enc: Encoding, mask_bw: Tensor, positions: Tensor | None = None
     ) -> Tensor:
-        """The new states of sequence ``n`` at ``positions[b, q, n]`` alone, ``[B, Q, N, H]`` for ``positions
-        [B, Q, N]`` (a step of incremental decoding), as :meth:`forward` computes them."""
+        """Update the states ``h_V [B, L, N, H]`` from the token embeddings ``h_S [B, L, N, H]``.
+
+        ``mask_bw [B, L, K, N]`` is 1 where ``i`` is present and sees the token of neighbour ``j``. Returns
+        the new states of all positions, ``[B, L, N, H]``; with ``positions [B, Q, N]``, only those of
+        sequence ``n`` at ``positions[b, q, n]``, ``[B, Q, N, H]`` (a step of incremental decoding).
+        """
+        if positions is None:
+            H = h_V.shape[-1]
+            W_i, W_e, W_s, W_j = weight(self.W1).split([H, enc.h_E.shape[-1], h_S.shape[-1], H], dim=1)
+            neighbours = F.linear(enc.h_V, W_j)
+            visible = F.linear(h_S, W_s) + F.linear(h_V - enc.h_V.unsqueeze(2), W_j)
+            if runs_fused(self, enc.h_E):  # the edge block applied and the neighbours' gathered in the kernel
+                summed = fused.message_sum(
+                    enc.h_E.flatten(0, 1), F.linear(h_V, W_i, self.W1.bias).flatten(0, 1),
+                    weight(self.W2), self.W2.bias, table=visible.flatten(0, 1),
+                    index=flat_neighbors(enc.E_idx), scale=mask_bw.flatten(0, 1),
+                    shared=neighbours.flatten(0, 1), W_e=W_e,
+                ).view_as(h_V)  # fmt: skip
+                return self._update_nodes(h_V, summed, enc.E_idx.shape[2], enc.mask.unsqueeze(-1))
+            structure = F.linear(enc.h_E, W_e).add_(gather_nodes(neighbours, enc.E_idx))
+            visible = gather_nodes(visible, enc.E_idx)
+            pre = torch.addcmul(structure.unsqueeze(3), mask_bw.unsqueeze(-1).to(visible.dtype), visible)
+            return self._update(h_V, pre, enc.mask.unsqueeze(-1))
         E_idx = gather_nodes(enc.E_idx, positions).transpose(2, 3)  # [B, Q, K, N]
         seen = mask_bw.gather(1, positions.unsqueeze(2).expand(-1, -1, E_idx.shape[2], -1)).unsqueeze(-1) > 0
         h_V_j = torch.where(seen, gather_sample_nodes(h_V, E_idx), gather_nodes(enc.h_V, E_idx))

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -258,19 +257,14 @@ class ProteinMPNN(PreTrainedModel):
         # a copy, not an expanded view: matrix products of views can round differently with and without
         # gradients, and a policy must score as its frozen reference does
         h_V = enc.h_V.unsqueeze(2).expand_as(h_S).contiguous()
-        h_E = enc.h_E
         for layer in self.decoder_layers[:-1]:
-            h_V, h_E = layer(h_V, h_S, replace(enc, h_E=h_E), mask_bw)
-        return DecoderStates(h_V=h_V, h_S=h_S, mask_bw=mask_bw, h_E=h_E)
+            h_V = layer(h_V, h_S, enc, mask_bw)
+        return DecoderStates(h_V=h_V, h_S=h_S, mask_bw=mask_bw)
 
     def decode_last(self, enc: Encoding, states: DecoderStates, positions: Tensor | None = None) -> Tensor:
-        """The last decoder layer and the output head on ``states`` (see :meth:`decode`), which takes the
-        encoder's edges as the layers below passed them on."""
-        enc, last = replace(enc, h_E=states.h_E), self.decoder_layers[-1]
-        if positions is None:
-            h_V = last(states.h_V, states.h_S, enc, states.mask_bw)[0].transpose(1, 2)
-        else:
-            h_V = last.update_positions(states.h_V, states.h_S, enc, states.mask_bw, positions)
+        """The last decoder layer and the output head on ``states`` (see :meth:`decode`)."""
+        h_V = self.decoder_layers[-1](states.h_V, states.h_S, enc, states.mask_bw, positions)
+        h_V = h_V if positions is not None else h_V.transpose(1, 2)
         return F.log_softmax(linear(self.W_out, h_V).float(), dim=-1)  # log-probabilities in fp32
 
     def forward(

@@ -164,7 +164,7 @@ def sample_sequences(
     context = bool((mask.bool() & ~decoded).any())
     states = [enc.h_V.unsqueeze(2).expand_as(h_S).contiguous()]
     for layer in model.decoder_layers:
-        states.append(layer(states[-1], h_S, enc, mask_bw)[0] if context else torch.zeros_like(states[0]))
+        states.append(layer(states[-1], h_S, enc, mask_bw) if context else torch.zeros_like(states[0]))
     # the head of the group of each rank [B, N, L]; steps before a structure's first group decode that group
     # (which sees no other position), as its own step does again
     head_at = torch.empty_like(ranks).scatter_(-1, ranks, tied.unsqueeze(1).expand_as(ranks))
@@ -175,7 +175,7 @@ def sample_sequences(
         head = head_at[:, :, step]
         positions = gather_nodes(members, head).transpose(1, 2)  # [B, Q, N]
         for layer, h_in, h_out in zip(model.decoder_layers, states[:-1], states[1:], strict=True):
-            h = layer.update_positions(h_in, h_S, enc, mask_bw, positions)
+            h = layer(h_in, h_S, enc, mask_bw, positions)
             scatter_sample_nodes(h_out, positions, h)
         count = gather_nodes(size, head).unsqueeze(1)  # [B, 1, N]
         counted = torch.arange(positions.shape[1], device=device).view(1, -1, 1) < count

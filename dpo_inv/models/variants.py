@@ -139,7 +139,6 @@ def conditional_states(
         h_V=torch.cat([part.h_V for part in parts], 2),
         h_S=torch.cat([part.h_S for part in parts], 2),
         mask_bw=torch.cat([part.mask_bw for part in parts], 3),
-        h_E=enc.h_E,
     )
     where = torch.tensor(positions, device=batch["mask"].device).view(1, 1, -1)
     return ConditionalStates(enc, states, where)
