@@ -271,7 +271,8 @@ def three_places(value: float) -> str:
 def test_the_example_raises_the_reward_over_rounds_as_the_pages_show(tmp_path):
     """`make rounds-example` on two threads, as the pages' numbers were measured (the tour leaves it to this
     test): the mean reward of the samples rises, recovery stays; rounds.jsonl holds the lines docs/rounds.md
-    shows (but for their seconds), and the README and the page quote its numbers."""
+    shows (but for their seconds; on a CPU of another kind, a value may differ in its last digit), and the
+    README and the page quote its numbers."""
     output = tmp_path / "out"
     rounds(tmp_path, "--config", "configs/rounds_example.yaml", "--output_dir", str(output), threads=2)
     lines = read_jsonl(output / "rounds.jsonl")
@@ -280,7 +281,12 @@ def test_the_example_raises_the_reward_over_rounds_as_the_pages_show(tmp_path):
     assert abs(lines[-1]["recovery"] - lines[0]["recovery"]) < 0.05
     (shown,) = [shown for block, shown in shell_blocks("docs/rounds.md") if "make rounds-example" in block]
     shown_lines = [json.loads(text) for text in shown.splitlines()]
-    assert [{**line, "seconds": 0} for line in lines] == [{**line, "seconds": 0} for line in shown_lines]
+    assert [line.keys() for line in lines] == [line.keys() for line in shown_lines]
+    for line, shown_line in zip(lines, shown_lines, strict=True):
+        for key, value in line.items():  # another CPU's vector arithmetic can break a near tie in sampling
+            shown = shown_line[key]
+            same = value == shown or isinstance(value, float) and abs(value - shown) <= 1e-3
+            assert key == "seconds" or same, (line["round"], key, value, shown)
     first, last = (three_places(-line["mean_reward"]) for line in (lines[0], lines[-1]))
     said = f"rose from −{first} to −{last} while the native-sequence recovery of the samples stayed at "
     said += three_places(lines[-1]["recovery"])
