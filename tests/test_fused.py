@@ -255,7 +255,7 @@ def test_the_backward_kernel_writes_the_edges_gradient_once_in_their_dtype():
 
 
 @interpreted
-def test_the_node_sum_passes_its_edges_on_and_adds_their_later_gradient():
+def test_the_node_sum_passes_its_edges_on_and_adds_their_later_gradient(monkeypatch: pytest.MonkeyPatch):
     """`message_sum_and_edges` (each encoder layer's node messages) returns the edges again for their next
     use (the edge update): autograd then sums no gradients of the edges, the node sum's backward kernel adds
     the later use's to its own. In fp32 the gradients of the plain computation with both uses; in bf16 those
@@ -291,11 +291,14 @@ def test_the_node_sum_passes_its_edges_on_and_adds_their_later_gradient():
     want = torch.autograd.grad(loss(*low, False), low)
     backward = fused.message_mlp_backward
     calls = []
-    fused.message_mlp_backward = lambda *args: calls.append(args[-1]) or backward(*args)
-    try:
-        got = torch.autograd.grad(loss(*low, True), low)
-    finally:
-        fused.message_mlp_backward = backward
+
+    def spy(*args: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
+        calls.append(args[-1])
+        return backward(*args)
+
+    monkeypatch.setattr(fused, "message_mlp_backward", spy)
+    got = torch.autograd.grad(loss(*low, True), low)
+    monkeypatch.undo()
     assert len(calls) == 1 and calls[0] is not None and calls[0].dtype == torch.bfloat16
     for a, b in zip(got, want, strict=True):
         assert a.dtype == torch.bfloat16 and relative(a, b) < 2**-7
