@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Device check on one GPU (H100/H200): DPO training-step speed with the fused message kernels off ("before",
 # the plain PyTorch layers) and on, side by side, in about 5 minutes; first, the CUDA graphs of the step
-# against the plain step (scripts/graphs_check.py: equality and speed, fp32 and bf16, batches 8 and 32; up
-# to 2 x 75 s more), and the fused kernels against the plain computation, layer by layer
+# against the plain step (scripts/graphs_check.py: equality and speed, fp32 and bf16, bf16 with the fused
+# kernels off and on, batches 8 and 32; up to 3 x 75 s more), and the fused kernels against the plain computation, layer by layer
 # (scripts/fused_check.py: errors, times and the configs the autotuner chose; up to 120 s more). Prints a
 # table last: pairs/s, GPU busy share, peak memory and the bytes moved per second (GB/s: pairs/s x the
 # megabytes per pair the benchmark counts) for each configuration and batch, fused off and on,
@@ -12,7 +12,7 @@
 #     SMOKE=1 bash scripts/gpu_check.sh            # tiny, on a CPU too: 1 step, batch 2, length 30, no compile
 #     MODES=on COMPILE=0 bash scripts/gpu_check.sh # only the fused kernels, no torch.compile run
 #     MATRIX=0 COMPILE=0 bash scripts/gpu_check.sh # the CUDA graphs and the fused kernels' layers alone
-#                                                  # (about 3 minutes)
+#                                                  # (at most 6 minutes)
 #
 # The matrix. Each of fp32 (--mixed_precision no) and bf16, without and with --precompute_ref_log_probs, is
 # one scripts/benchmark.py process per mode (one model load): the pairs file at batches 8 and 32, then
@@ -32,7 +32,9 @@
 #   FILE_BATCHES ("8 32")  LENGTH (150)  LENGTH_BATCHES ("32 128")  PRECISIONS ("no bf16")
 #   PRECOMPUTE ("false true")  NUM_PAIRS (1024)  COMPILE (1; 0: no compiled run)  COMPILE_BATCH (32)
 #   COMPILE_MODES ("off": the compiled run with the fused kernels off)  MATRIX (1; 0: no matrix)
-#   GRAPHS (1; 0: no CUDA-graph check)  GRAPHS_BATCHES ("8 32")  GRAPHS_TIMEOUT (75 s per precision)
+#   GRAPHS (1; 0: no CUDA-graph check)  GRAPHS_BATCHES ("8 32")  GRAPHS_MODES ("off on": the fused kernels'
+#               modes graphed in bf16 and fp16, in one process; fp32 graphs them off)  GRAPHS_TIMEOUT (75 s per
+#               precision and mode)
 #   FUSED (1; 0: no fused_check.py)  FUSED_TIMEOUT (120 s)
 #   RUN_TIMEOUT (75 s per process)  COMPILE_TIMEOUT (150 s per compiled process)  BUDGET_S (330 s for the
 #               whole script: a process is stopped at the deadline, those after it are skipped; the compiled
@@ -64,7 +66,8 @@ STEPS=${STEPS:-10} WARMUP=${WARMUP:-3} MIN_SECONDS=${MIN_SECONDS:-1}
 FILE_BATCHES=${FILE_BATCHES:-8 32} LENGTH=${LENGTH:-150} LENGTH_BATCHES=${LENGTH_BATCHES:-32 128}
 PRECISIONS=${PRECISIONS:-no bf16} PRECOMPUTE=${PRECOMPUTE:-false true} NUM_PAIRS=${NUM_PAIRS:-1024}
 COMPILE=${COMPILE:-1} COMPILE_BATCH=${COMPILE_BATCH:-32} COMPILE_MODES=${COMPILE_MODES:-off} MATRIX=${MATRIX:-1}
-GRAPHS=${GRAPHS:-1} GRAPHS_BATCHES=${GRAPHS_BATCHES:-8 32} GRAPHS_TIMEOUT=${GRAPHS_TIMEOUT:-75}
+GRAPHS=${GRAPHS:-1} GRAPHS_BATCHES=${GRAPHS_BATCHES:-8 32} GRAPHS_MODES=${GRAPHS_MODES:-off on}
+GRAPHS_TIMEOUT=${GRAPHS_TIMEOUT:-75}
 FUSED=${FUSED:-1} FUSED_TIMEOUT=${FUSED_TIMEOUT:-120}
 RUN_TIMEOUT=${RUN_TIMEOUT:-75} COMPILE_TIMEOUT=${COMPILE_TIMEOUT:-150} BUDGET_S=${BUDGET_S:-330}
 OUT_DIR=${OUT:-outputs/gpu_check}
@@ -163,13 +166,14 @@ run() {
 # CUDA graphs: the plain step and its graphs on the same micro-batches, compared and timed (outside BUDGET_S)
 if [ "$GRAPHS" = 1 ]; then
     for precision in $PRECISIONS; do
-        name="graphs-$precision"
+        name="graphs-$precision" modes=$GRAPHS_MODES
+        [ "$precision" = no ] && modes=off  # the fused kernels run on bf16 and fp16 per-edge tensors only
         args=(scripts/graphs_check.py --train_file "$TRAIN_FILE" --work_dir "$WORK" --mixed_precision "$precision"
-            --batch_sizes $GRAPHS_BATCHES)
+            --batch_sizes $GRAPHS_BATCHES --fused_modes $modes)
         [ -n "${MODEL:-}" ] && args+=(--model_name_or_path "$MODEL")
         begin=$SECONDS
-        timeout --kill-after=10 "$GRAPHS_TIMEOUT" "$PYTHON" "${args[@]}" >"$OUT_DIR/logs/$name.out" \
-            2>"$OUT_DIR/logs/$name.log"
+        timeout --kill-after=10 "$((GRAPHS_TIMEOUT * $(echo $modes | wc -w)))" "$PYTHON" "${args[@]}" \
+            >"$OUT_DIR/logs/$name.out" 2>"$OUT_DIR/logs/$name.log"
         echo "[$name] rc $? in $((SECONDS - begin))s"
         cat "$OUT_DIR/logs/$name.out"
         [ -s "$OUT_DIR/logs/$name.out" ] || tail -n 6 "$OUT_DIR/logs/$name.log" | sed 's/^/    /'

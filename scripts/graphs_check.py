@@ -1,12 +1,14 @@
 """CUDA graphs of the training step on a GPU: the plain step's loss, metrics and gradients, and the speed-up.
 
     python scripts/graphs_check.py                      # the example pairs, batches 8 and 32, fp32
-    python scripts/graphs_check.py --train_file ../shared/data/train.jsonl --mixed_precision bf16
+    python scripts/graphs_check.py --train_file ../shared/data/train.jsonl --mixed_precision bf16 \
+        --fused_modes off on                            # and with the fused kernels, graphed as well
 
-The model as `python -m dpo_inv.run --cuda_graphs` builds it; for each batch size, the same micro-batches
-(padded to `--pad_to_multiple_of`, 32 by default) through the plain step and through its CUDA graphs
-(`build_step` with and without `cuda_graphs`; forward and backward, the optimizer left out so that both see
-the same weights), first compared (every shape captured), then timed. Printed, one JSON line each: the
+The model as `python -m dpo_inv.run --cuda_graphs` builds it; for each batch size and mode of the fused
+kernels (`--fused_modes`: off, on or both, with one model load; on runs them in bf16 or fp16), the same
+micro-batches (padded to `--pad_to_multiple_of`, 32 by default) through the plain step and through its CUDA
+graphs (`build_step` with and without `cuda_graphs`; forward and backward, the optimizer left out so that both
+see the same weights), first compared (every shape captured), then timed. Printed, one JSON line each: the
 largest difference of loss, metrics and gradients relative to their scale, the graphs captured, and the
 forward-and-backward pairs/s of each path (alternating), with the speed-up. Every other option is a
 `DPOConfig` field.
@@ -25,6 +27,7 @@ from benchmark import Trainer, build, epochs, scaled_pairs, train_loader
 from trl import TrlParser
 
 from dpo_inv.data.dataset import load_records
+from dpo_inv.models.layers import use_fused_kernels
 from dpo_inv.training.config import DPOConfig
 from dpo_inv.training.graphs import GraphedStep
 from dpo_inv.training.loss import batch_ranks
@@ -37,6 +40,13 @@ class Options:
     steps: int = field(default=20, metadata={"help": "Micro-batches compared, then timed, on each path."})
     num_pairs: int = field(default=1024, metadata={"help": "The train_file's pairs repeated to this many."})
     work_dir: str = field(default="outputs/graphs_check", metadata={"help": "Data file and feature cache."})
+    fused_modes: list[str] = field(
+        default_factory=lambda: ["off"],
+        metadata={
+            "help": "The fused kernels off, on, or both in turn (on: bf16 or fp16).",
+            "choices": ["off", "on"],
+        },
+    )
 
 
 def gradients(model: torch.nn.Module) -> torch.Tensor:
@@ -47,8 +57,11 @@ def relative(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.float() - b.float()).abs().max() / b.float().abs().max().clamp(min=1e-12))
 
 
-def check(trainer: Trainer, options: Options, batch_size: int) -> dict:
+def check(trainer: Trainer, options: Options, batch_size: int, fused: bool) -> dict:
     config, model, accelerator = trainer.config, trainer.model, trainer.accelerator
+    for module in (model, trainer.reference):
+        if module is not None:
+            use_fused_kernels(module, fused)
     plain = build_step(replace(config, cuda_graphs=False), model, trainer.reference, accelerator)
     graphed = GraphedStep(plain, [p for p in model.parameters() if p.requires_grad])
     work = Path(options.work_dir)
@@ -85,6 +98,7 @@ def check(trainer: Trainer, options: Options, batch_size: int) -> dict:
         "mixed_precision": config.mixed_precision,
         "per_device_batch_size": batch_size,
         "pad_to_multiple_of": config.pad_to_multiple_of,
+        "fused_kernels": fused,
         "graphs_captured": len(graphed.captured),
         "max_relative_difference": {name: float(f"{value:.2e}") for name, value in worst.items()},
         "pairs_per_second": speed,
@@ -99,7 +113,8 @@ def main() -> None:
     Path(options.work_dir).mkdir(parents=True, exist_ok=True)
     trainer, _ = build(replace(config, cuda_graphs=True, pad_to_multiple_of=config.pad_to_multiple_of or 32))
     for batch_size in options.batch_sizes:
-        print(json.dumps(check(trainer, options, batch_size)), flush=True)
+        for mode in options.fused_modes:
+            print(json.dumps(check(trainer, options, batch_size, mode == "on")), flush=True)
 
 
 if __name__ == "__main__":
