@@ -1,5 +1,6 @@
 """Micro-batches measured in residues (per_device_train_batch_residues), on the bundled pairs: the budget,
-every pair once per epoch, seeded and resumable order, one and two processes, bad values."""
+every pair once per epoch, seeded and resumable order, one and two processes, bad values; the note that
+tells a GPU run of small micro-batches what fills the device."""
 
 import json
 import re
@@ -16,13 +17,21 @@ from conftest import EXAMPLE, ROOT
 from test_distributed import free_port, launchers
 from test_train import metrics, run, weights
 
+import dpo_inv.training.trainer
 from dpo_inv.data.batches import ExampleDataset, ResidueBatchSampler, collate
 from dpo_inv.data.dataset import load_records
 from dpo_inv.errors import OptionError
 from dpo_inv.models.weights import load_model
 from dpo_inv.training.config import DPOConfig
 from dpo_inv.training.loading import RunData
-from dpo_inv.training.trainer import Steps, data_notes, train_batches
+from dpo_inv.training.trainer import (
+    BF16_EMULATED,
+    FP32_ON_A_GPU,
+    Steps,
+    data_notes,
+    device_notes,
+    train_batches,
+)
 
 PAIRS = EXAMPLE / "pairs" / "train.jsonl"  # 146 pairs on 20 structures of 84 to 173 residues
 SMALL = ("2xcjA", "1lpbA")  # 84 and 85 residues, 8 pairs each
@@ -120,6 +129,25 @@ def test_structures_longer_than_the_budget_are_announced_once(records):
         "residues): each of their pairs is a micro-batch alone"
     ]
     assert data_notes(DPOConfig(eval_split=0), RunData(records), Steps.plan(config, 100)) == []
+
+
+def test_a_run_that_leaves_a_gpu_idle_is_told_what_fills_it(records, monkeypatch):
+    """The start-up notes of a run on CUDA (decided from the device, no GPU needed): fp32, and micro-batches
+    of the default 8 pairs, about 1,100 residues here, against the 10,000 or more that fill an H100; nothing
+    once the run is in bf16 with batches of residues, or of 64 pairs; on a CPU, bf16 only where emulated."""
+    data, cuda, cpu = RunData(records), torch.device("cuda"), torch.device("cpu")
+    assert device_notes(DPOConfig(eval_split=0), data, cuda) == [
+        FP32_ON_A_GPU,
+        "a micro-batch of 8 pairs holds about 1,107 residues (structures of 138 on average), a fraction of "
+        "what fills a GPU: --per_device_train_batch_residues 10000 or more "
+        "(docs/training.md#batches-measured-in-residues)",
+    ]
+    for filled in ({"per_device_train_batch_residues": 10000}, {"per_device_train_batch_size": 64}):
+        assert device_notes(DPOConfig(mixed_precision="bf16", **filled), data, cuda) == []
+    assert device_notes(DPOConfig(), data, cpu) == []
+    for native, notes in ((True, []), (False, [BF16_EMULATED])):
+        monkeypatch.setattr(dpo_inv.training.trainer, "cpu_computes_bf16", lambda native=native: native)
+        assert device_notes(DPOConfig(mixed_precision="bf16"), data, cpu) == notes
 
 
 @pytest.mark.parametrize("value", [0, -100])

@@ -245,9 +245,15 @@ def check_replicas_agree(accelerator: Accelerator, model: torch.nn.Module) -> No
 
 MAX_PASSES = 100  # more passes over the training data than this are announced as overfitting
 FEW_STRUCTURES = 5  # an eval split that leaves fewer training structures than this is announced
+GPU_RESIDUES = 10_000  # residues of a micro-batch that fills an H100 or H200 (docs/benchmarks.md#on-a-gpu)
+UNITS = {"pairs": "pairs", "labelled": "sequences", "structures": "structure records"}  # by record kind
 BF16_EMULATED = (
     "bf16 autocast on a CPU without native bf16 (AVX-512 BF16 or AMX) is emulated, several "
     "times slower than fp32 (docs/benchmarks.md): --mixed_precision no"
+)
+FP32_ON_A_GPU = (
+    "fp32 on a GPU: --mixed_precision bf16 takes 40% less memory and, from batches of 32 up, is 1.3-1.5 "
+    "times as fast (docs/benchmarks.md#on-a-gpu)"
 )
 
 
@@ -423,7 +429,7 @@ def announce(run: Run, setup: str) -> None:
     if accelerator.is_main_process:
         run.output_dir.mkdir(parents=True, exist_ok=True)
         (run.output_dir / "config.yaml").write_text(yaml.safe_dump(config.to_dict(), sort_keys=False))
-    unit = {"pairs": "pairs", "labelled": "sequences", "structures": "structure records"}[config.record_kind]
+    unit = UNITS[config.record_kind]
     evals = f"{0 if data.eval is None else len(data.eval.records)} eval {unit}"
     evals += f", {len(data.variants.labels)} eval variants" if data.variants is not None else ""
     say(
@@ -431,10 +437,7 @@ def announce(run: Run, setup: str) -> None:
         f"{len(data.train.records)} training {unit}, {evals}; {accelerator.num_processes} process(es) on "
         f"{accelerator.device} ({setup}); {batch_line(run, unit)}; {run.steps.total} optimizer steps",
     )
-    notes = data_notes(config, data, run.steps)
-    if accelerator.device.type == "cpu" and config.mixed_precision == "bf16" and cpu_computes_bf16() is False:
-        notes.append(BF16_EMULATED)
-    for note in notes:
+    for note in data_notes(config, data, run.steps) + device_notes(config, data, accelerator.device):
         say(accelerator, f"Note: {note}")
 
 
@@ -460,7 +463,7 @@ def data_notes(config: DPOConfig, data: RunData, steps: Steps) -> list[str]:
     residue budget of a micro-batch, an eval split that leaves a few structures to train on or none to
     evaluate on."""
     notes = []
-    unit = {"pairs": "pairs", "labelled": "sequences", "structures": "structure records"}[config.record_kind]
+    unit = UNITS[config.record_kind]
     passes = steps.total / steps.per_epoch
     if passes > MAX_PASSES:
         notes.append(
@@ -492,6 +495,28 @@ def data_notes(config: DPOConfig, data: RunData, steps: Steps) -> list[str]:
             f"({len(data.eval.records)} {unit}), leaving {structures} to train on; give an eval_file, or "
             "eval_split 0 to train on all"
         )
+    return notes
+
+
+def device_notes(config: DPOConfig, data: RunData, device: torch.device) -> list[str]:
+    """What leaves the device slow: bf16 emulated on a CPU; on a GPU, fp32, and micro-batches of far fewer
+    residues than fill it (the default of 8 pairs: about 1,000)."""
+    if device.type == "cpu":
+        emulated = config.mixed_precision == "bf16" and cpu_computes_bf16() is False
+        return [BF16_EMULATED] if emulated else []
+    if device.type != "cuda":
+        return []
+    notes = [FP32_ON_A_GPU] if config.mixed_precision == "no" else []
+    if not config.per_device_train_batch_residues:
+        lengths = column(data.train.structures, "length")[column(data.train.records, "structure_id")]
+        size, mean = config.per_device_train_batch_size, lengths.mean()
+        if size * mean < GPU_RESIDUES / 2:
+            notes.append(
+                f"a micro-batch of {size} {UNITS[config.record_kind]} holds about {size * mean:,.0f} "
+                f"residues (structures of {mean:.0f} on average), a fraction of what fills a GPU: "
+                f"--per_device_train_batch_residues {GPU_RESIDUES} or more "
+                "(docs/training.md#batches-measured-in-residues)"
+            )
     return notes
 
 
