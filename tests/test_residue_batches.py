@@ -132,10 +132,12 @@ def test_structures_longer_than_the_budget_are_announced_once(records):
 
 
 def test_a_run_that_leaves_a_gpu_idle_is_told_what_fills_it(records, monkeypatch):
-    """The start-up notes of a run on CUDA (decided from the device, no GPU needed): fp32, and micro-batches
-    of the default 8 pairs, about 1,100 residues here, against the 10,000 or more that fill an H100; nothing
-    once the run is in bf16 with batches of residues, or of 64 pairs; on a CPU, bf16 only where emulated."""
+    """The start-up notes of a run on CUDA (decided from the device, no GPU needed): fp32 on a GPU that
+    computes bf16, and micro-batches of the default 8 pairs, about 1,100 residues here, against the 10,000 or
+    more that fill an H100; nothing once the run is in bf16 with batches of residues, or of 64 pairs; on a
+    CPU, bf16 only where emulated."""
     data, cuda, cpu = RunData(records), torch.device("cuda"), torch.device("cpu")
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation: not including_emulation)
     assert device_notes(DPOConfig(eval_split=0), data, cuda) == [
         FP32_ON_A_GPU,
         "a micro-batch of 8 pairs holds about 1,107 residues (structures of 138 on average), a fraction of "
@@ -144,6 +146,8 @@ def test_a_run_that_leaves_a_gpu_idle_is_told_what_fills_it(records, monkeypatch
     ]
     for filled in ({"per_device_train_batch_residues": 10000}, {"per_device_train_batch_size": 64}):
         assert device_notes(DPOConfig(mixed_precision="bf16", **filled), data, cuda) == []
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation: False)  # a V100
+    assert device_notes(DPOConfig(per_device_train_batch_size=64), data, cuda) == []
     assert device_notes(DPOConfig(), data, cpu) == []
     for native, notes in ((True, []), (False, [BF16_EMULATED])):
         monkeypatch.setattr(dpo_inv.training.trainer, "cpu_computes_bf16", lambda native=native: native)

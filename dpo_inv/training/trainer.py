@@ -499,14 +499,15 @@ def data_notes(config: DPOConfig, data: RunData, steps: Steps) -> list[str]:
 
 
 def device_notes(config: DPOConfig, data: RunData, device: torch.device) -> list[str]:
-    """What leaves the device slow: bf16 emulated on a CPU; on a GPU, fp32, and micro-batches of far fewer
-    residues than fill it (the default of 8 pairs: about 1,000)."""
+    """What leaves the device slow: bf16 emulated on a CPU; on a GPU, fp32 where it computes bf16, and
+    micro-batches of far fewer residues than fill it (the default of 8 pairs: about 1,000)."""
     if device.type == "cpu":
         emulated = config.mixed_precision == "bf16" and cpu_computes_bf16() is False
         return [BF16_EMULATED] if emulated else []
     if device.type != "cuda":
         return []
-    notes = [FP32_ON_A_GPU] if config.mixed_precision == "no" else []
+    fp32 = config.mixed_precision == "no" and torch.cuda.is_bf16_supported(including_emulation=False)
+    notes = [FP32_ON_A_GPU] if fp32 else []
     if not config.per_device_train_batch_residues:
         lengths = column(data.train.structures, "length")[column(data.train.records, "structure_id")]
         size, mean = config.per_device_train_batch_size, lengths.mean()
