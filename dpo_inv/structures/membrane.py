@@ -13,7 +13,6 @@ from typing import Any
 
 from dpo_inv.errors import DataError
 
-MEMBRANE_FIELDS = ("transmembrane_buried", "transmembrane_interface", "global_transmembrane_label")
 INTERFACE, BURIED = 1, 2
 
 
