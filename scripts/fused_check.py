@@ -42,17 +42,19 @@ from dpo_inv.models.layers import AutocastLayerNorm
 
 # form: (sequences per structure N, neighbours K, HAS_TABLE, HAS_SCALE, HAS_WEIGHT, HAS_SHARED,
 # HAS_EDGE_WEIGHT, EDGE_OUT, NORM), as the layers call the kernels in training (the edge blocks applied in
-# the kernels but the context layers', the edge update with its residual and layer norm)
+# the kernels but LigandMPNN's residue context layers', whose entries are 2H wide; the edge update with its
+# residual and layer norm)
 FORMS = {
     "decoder": (2, 48, True, True, False, True, True, False, False),
     "encoder": (1, 48, True, False, True, False, True, False, False),
     "edge update": (1, 48, True, False, False, False, True, True, True),
     "context": (1, 25, False, False, True, False, False, False, False),
+    "atom context": (1, 25, False, False, True, False, True, False, False),
 }
 EDGE_NORM = AutocastLayerNorm(128)  # the edge update's layer norm, as the layer applies it (parameters given)
 # the forms whose backward kernel adds a later use's gradient of the edges to theirs (the encoder's node
-# messages: the edge update's, fused.message_sum_and_edges)
-ADDED = {"encoder"}
+# messages: the edge update's; the first atom context layer: the second's; fused.message_sum_and_edges)
+ADDED = {"encoder", "atom context"}
 KERNELS = {"forward": fused._forward_kernel, "backward": fused._backward_kernel}
 SHARED_MEMORY_KB = {90: 227, 80: 163, 89: 99}  # the most one block may use, by architecture
 POINTERS = {
@@ -95,22 +97,37 @@ def compiled(kernel: str, form: str, config: triton.Config, arch: int) -> dict[s
     return ptxas_stats(jit, constants, types, K % 16 == 0, arch, options)
 
 
-def compiled_rbf(arch: int) -> dict[str, int]:
+# the edge features' kernels as the backbone's edges launch them (5 atoms, 24 pairs and the positional
+# encodings) and as LigandMPNN's atom edges do (1 atom, no pair: the distances alone; no table; the absent
+# tensors' pointers stand in by the distances')
+EDGES = {"backbone": (5, 24, True), "atom edges": (1, 0, False)}
+
+
+def edge_types(edges: str) -> dict[str, str]:
+    if EDGES[edges][2]:
+        return RBF_TYPES | {"classes": "*i64", "table": "*bf16", "W": "*bf16"}
+    return RBF_TYPES | {"rows": "*fp32", "classes": "*fp32", "table": "*fp32", "W": "*bf16"}
+
+
+def compiled_rbf(arch: int, edges: str) -> dict[str, int]:
     """The distance features' kernel (the edge embedding's backward pass recomputes the features with it)
-    compiled for ``arch`` as ProteinMPNN's features launch it (5 atoms, 24 pairs, 16 centres, bf16 out), with
-    the same statistics."""
-    constants = {"A": 5, "P": 24, "P_BLOCK": 32, "C": 16, "SIGMA": 1.25, "BLOCK_E": fused._RBF_EDGES}
-    return ptxas_stats(fused._rbf_kernel, constants, RBF_TYPES, True, arch, {"num_warps": 4, "num_stages": 1})
-
-
-def compiled_embedding(arch: int) -> dict[str, int]:
-    """The edge embedding's kernel compiled for ``arch`` as ProteinMPNN's features launch it (bf16 table,
-    weights and out), with the same statistics."""
-    constants = {"A": 5, "P": 24, "C": 16, "H": 128, "SIGMA": 1.25, "PAIRS": fused._EMBEDDING_PAIRS,
-                 "BLOCK_E": fused._EMBEDDING_EDGES, "DOT_DTYPE": tl.bfloat16}  # fmt: skip
-    types = RBF_TYPES | {"classes": "*i64", "table": "*bf16", "W": "*bf16"}
+    compiled for ``arch`` as the ``edges`` launch it (16 centres, bf16 out), with the same statistics."""
+    A, P, _ = EDGES[edges]
+    constants = {"A": A, "P": P, "P_BLOCK": triton.next_power_of_2(P + 1), "C": 16, "SIGMA": 1.25,
+                 "BLOCK_E": fused._RBF_EDGES}  # fmt: skip
     options = {"num_warps": 4, "num_stages": 1}
-    return ptxas_stats(fused._embedding_kernel, constants, types, True, arch, options)
+    return ptxas_stats(fused._rbf_kernel, constants, edge_types(edges), True, arch, options)
+
+
+def compiled_embedding(arch: int, edges: str) -> dict[str, int]:
+    """The edge embedding's kernel compiled for ``arch`` as the ``edges`` launch it (bf16 table, weights and
+    out), with the same statistics."""
+    A, P, table = EDGES[edges]
+    constants = {"A": A, "P": P, "C": 16, "H": 128, "SIGMA": 1.25, "HAS_TABLE": table,
+                 "PAIRS": fused._EMBEDDING_PAIRS, "BLOCK_E": fused._EMBEDDING_EDGES,
+                 "DOT_DTYPE": tl.bfloat16}  # fmt: skip
+    options = {"num_warps": 4, "num_stages": 1}
+    return ptxas_stats(fused._embedding_kernel, constants, edge_types(edges), True, arch, options)
 
 
 def ptxas_stats(
@@ -186,22 +203,25 @@ def compile_all(forms: list[str], arch: int, only: triton.Config | None = None) 
                 print(f"{kernel:8s} {form:11s} {shape}: shared {stats['shared'] / 1024:.0f} KB, "
                       f"{stats['registers']} registers, {stats['spilled']} bytes spilled, "
                       f"{stats['in_loops']} spill accesses in loops", flush=True)  # fmt: skip
-    for name, stats, edges in (
-        ("rbf", compiled_rbf(arch), fused._RBF_EDGES),
-        ("embedding", compiled_embedding(arch), fused._EMBEDDING_EDGES),
-    ):
-        fits &= stats["shared"] <= 1024 * SHARED_MEMORY_KB.get(arch, 99)
-        print(f"{name:9s} features   {edges} edges, 4 warps: shared {stats['shared'] / 1024:.0f} KB, "
-              f"{stats['registers']} registers, {stats['spilled']} bytes spilled, "
-              f"{stats['in_loops']} spill accesses in loops", flush=True)  # fmt: skip
+    for edges in EDGES:
+        for name, stats, tile in (
+            ("rbf", compiled_rbf(arch, edges), fused._RBF_EDGES),
+            ("embedding", compiled_embedding(arch, edges), fused._EMBEDDING_EDGES),
+        ):
+            fits &= stats["shared"] <= 1024 * SHARED_MEMORY_KB.get(arch, 99)
+            print(f"{name:9s} {edges:10s} {tile} edges, 4 warps: shared {stats['shared'] / 1024:.0f} KB, "
+                  f"{stats['registers']} registers, {stats['spilled']} bytes spilled, "
+                  f"{stats['in_loops']} spill accesses in loops", flush=True)  # fmt: skip
     return fits
 
 
 def plain(form: str, edges, nodes, table, index, seen, shared, W2, b2, W3, b3, W_e, norm_weight, norm_bias):  # noqa: ANN001
     """The layers' plain computation of each form."""
     if form == "context":
-        pre = edges[:, :, None] + nodes[:, None]
-        return (F.gelu(F.linear(F.gelu(pre), W2, b2)) * seen[..., None]).sum(1)
+        return (F.gelu(F.linear(F.gelu(edges[:, :, None] + nodes[:, None]), W2, b2)) * seen[..., None]).sum(1)
+    if form == "atom context":  # with a later use of the edges (their sum over the entries), as the layer's
+        pre = F.linear(edges, W_e)[:, :, None] + nodes[:, None]
+        return (F.gelu(F.linear(F.gelu(pre), W2, b2)) * seen[..., None]).sum(1) + edges.sum(1, keepdim=True)
     pre = F.linear(edges, W_e)[:, :, None] + nodes[:, None]
     neighbours = table[index]
     if form == "decoder":
@@ -225,6 +245,9 @@ def fused_form(
         return out + again.sum(1, keepdim=True)
     if form == "context":
         return fused.message_sum(edges, nodes, W2, b2, weight=seen)
+    if form == "atom context":
+        out, again = fused.message_sum_and_edges(edges, nodes, W2, b2, weight=seen, W_e=W_e)
+        return out + again.sum(1, keepdim=True)
     norm = (x.to(edges.dtype) for x in (norm_weight, norm_bias))  # rounded as the layer rounds them on CUDA
     mlp = (edges, nodes[:, 0], table[:, 0], index, W2, b2, W3, b3)
     return fused.edge_update(*mlp, edges, *norm, 1e-5, W_e=W_e)
@@ -233,7 +256,7 @@ def fused_form(
 def check(form: str, B: int, L: int, K: int, device: torch.device) -> str:
     """One form on random inputs of B structures of L residues: errors and timings, as a line."""
     H, N, R = 128, FORMS[form][0], B * L
-    K = FORMS[form][1] if form == "context" else K  # a context layer's entries, not --neighbours
+    K = FORMS[form][1] if "context" in form else K  # a context layer's entries, not --neighbours
     generator = torch.Generator(device).manual_seed(0)
 
     def randn(*shape: int, scale: float = 1.0) -> torch.Tensor:
@@ -247,7 +270,9 @@ def check(form: str, B: int, L: int, K: int, device: torch.device) -> str:
         "W_e": randn(H, H, scale=0.1), "norm_weight": 1 + randn(H, scale=0.1),
         "norm_bias": randn(H, scale=0.1),
     }  # fmt: skip
-    learnt = ("edges", "nodes") + (("table", "W_e") if form != "context" else ()) + ("W2", "b2")
+    learnt = ("edges", "nodes") + (() if "context" in form else ("table",))
+    learnt += ("W_e",) if FORMS[form][6] else ()
+    learnt += ("W2", "b2")
     learnt += ("shared",) if form == "decoder" else ()
     learnt += ("W3", "b3", "norm_weight", "norm_bias") if form == "edge update" else ()
     for name in learnt:

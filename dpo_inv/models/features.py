@@ -11,7 +11,14 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from dpo_inv.models import fused
-from dpo_inv.models.layers import AutocastLayerNorm, flat_neighbors, gather_neighbors, gather_nodes, weight
+from dpo_inv.models.layers import (
+    AutocastLayerNorm,
+    applies_merged,
+    flat_neighbors,
+    gather_neighbors,
+    gather_nodes,
+    weight,
+)
 from dpo_inv.structures.context import periodic_group_and_period
 
 _NUM_RBF = 16
@@ -319,8 +326,22 @@ class LigandFeatures(ProteinFeatures):
         return (
             self.norm_nodes(self.node_project_down(V)),
             self.norm_y_nodes(self.y_nodes(types)),
-            self.norm_y_edges(self.y_edges(_rbf(D_atoms))),
+            self.norm_y_edges(self._atom_edges(D_atoms, Y)),
         )
+
+    def _atom_edges(self, D: Tensor, Y: Tensor) -> Tensor:
+        """``y_edges`` of the RBF of the atom-atom distances ``D [B, L, M, M]`` (of the atoms ``Y [B, L, M,
+        3]``); where the device allows, one kernel that does not write the features (each residue's atoms
+        the nodes of a graph, their fellow atoms the neighbours: :func:`fused.embedded_rbf`)."""
+        if not (self.fused and fused.available(D) and not Y.requires_grad and applies_merged(self.y_edges)):
+            return self.y_edges(_rbf(D))
+        B, L, M, _ = D.shape
+        centres, no_pairs = _rbf_centres(D.device), self.atom_pairs[:, :0]
+        atoms = Y.reshape(B, L * M, 1, 3)
+        edges = fused.embedded_rbf(
+            D.view(B, L * M, M), atoms, None, no_pairs, centres, _RBF_SIGMA, None, None, weight(self.y_edges)
+        )
+        return edges.view(B, L, M, M, -1)
 
 
 class MembraneFeatures(ProteinFeatures):

@@ -485,79 +485,83 @@ normed_edge_messages.register_autograd(_normed_gradients, setup_context=_save_no
 def embedded_rbf(
     D_first: Tensor,
     atoms: Tensor,
-    rows: Tensor,
+    rows: Tensor | None,
     pairs: Tensor,
     centres: Tensor,
     sigma: float,
-    classes: Tensor,
-    table: Tensor,
+    classes: Tensor | None,
+    table: Tensor | None,
     W: Tensor,
 ) -> Tensor:
-    """The full-backbone model's edge embedding in one kernel, ``out[b, i, k] = W rbf[b, i, k] +
-    table[classes[b, i, k]]``, where ``rbf`` are the edge's distance features (``[(1 + P) * C]``, not
-    written): ``exp(-((D - centres[c]) / sigma)^2)`` (exponents clamped at -87), where ``D`` is ``D_first
-    [B, L, K]`` for ``p = 0`` and, for ``p >= 1``, the distance between atom ``pairs[0, p - 1]`` of residue
-    ``i`` and atom ``pairs[1, p - 1]`` of its neighbour, the row ``rows[b * L + i, k]`` of the flattened
-    ``atoms [B, L, A, 3]``. ``W [H, (1 + P) * C]``, ``table [T, H]``. The features are rounded to the
-    autocast dtype, as the plain path's linear map rounds them, and the output is written in it:
-    ``[B, L, K, H]``. The backward pass recomputes the features for ``W``'s gradient."""
+    """An edge embedding in one kernel, ``out[b, i, k] = W rbf[b, i, k] + table[classes[b, i, k]]``, where
+    ``rbf`` are the edge's distance features (``[(1 + P) * C]``, not written): ``exp(-((D - centres[c]) /
+    sigma)^2)`` (exponents clamped at -87), where ``D`` is ``D_first [B, L, K]`` for ``p = 0`` and, for ``p
+    >= 1``, the distance between atom ``pairs[0, p - 1]`` of node ``i`` and atom ``pairs[1, p - 1]`` of its
+    neighbour, the row ``rows[b * L + i, k]`` of the flattened ``atoms [B, L, A, 3]``. ``W [H, (1 + P) *
+    C]``, ``table [T, H]``. The full-backbone model's edges: 24 pairs of backbone atoms and the positional
+    encodings; LigandMPNN's atom edges: their distances alone (no pairs, ``rows``, ``classes`` or
+    ``table``). The features are rounded to the autocast dtype, as the plain path's linear map rounds them,
+    and the output is written in it: ``[B, L, K, H]``. The backward pass recomputes the features for
+    ``W``'s gradient."""
     device = atoms.device.type
     dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else atoms.dtype
     B, L, A, _ = atoms.shape
     flat = (
         D_first.float().flatten(),
         atoms.float().reshape(B * L, A * 3),
-        rows.flatten(),
+        None if rows is None else rows.flatten(),
         pairs,
         centres.float(),
-        classes.flatten(),
-        table.to(dtype),
+        None if classes is None else classes.flatten(),
+        None if table is None else table.to(dtype),
         W.to(dtype),
     )
-    return rbf_embedding(*(x.contiguous() for x in flat), sigma).view(*D_first.shape, -1)
+    flat = (None if x is None else x.contiguous() for x in flat)
+    return rbf_embedding(*flat, sigma).view(*D_first.shape, -1)
 
 
 @torch.library.custom_op("dpo_inv::rbf_embedding", mutates_args=())
 def rbf_embedding(
     D_first: Tensor,
     atoms: Tensor,
-    rows: Tensor,
+    rows: Tensor | None,
     pairs: Tensor,
     centres: Tensor,
-    classes: Tensor,
-    table: Tensor,
+    classes: Tensor | None,
+    table: Tensor | None,
     W: Tensor,
     sigma: float,
 ) -> Tensor:
     """:func:`embedded_rbf` on flat inputs (those of :func:`rbf_features`, and ``classes [E]``): ``[E, H]``
     in ``W``'s dtype."""
-    E, P, C = rows.shape[0], pairs.shape[1], centres.shape[0]
+    E, P, C = D_first.shape[0], pairs.shape[1], centres.shape[0]
     out = W.new_empty(E, W.shape[0])
     dot_dtype = _dot_dtype(W.dtype)
     _embedding_kernel[(triton.cdiv(E, _EMBEDDING_EDGES),)](
-        D_first, atoms, rows, pairs[0].contiguous(), pairs[1].contiguous(), centres, classes, table,
-        W.to(dot_dtype), out, E, E // atoms.shape[0], A=atoms.shape[1] // 3, P=P, C=C, H=W.shape[0],
-        SIGMA=sigma, PAIRS=_EMBEDDING_PAIRS, BLOCK_E=_EMBEDDING_EDGES, DOT_DTYPE=_TL_DTYPE[dot_dtype],
+        *_pointers(D_first, atoms, rows), pairs[0].contiguous(), pairs[1].contiguous(), centres,
+        *_pointers(D_first, classes, table)[1:], W.to(dot_dtype), out, E, E // atoms.shape[0],
+        A=atoms.shape[1] // 3, P=P, C=C, H=W.shape[0], SIGMA=sigma, HAS_TABLE=table is not None,
+        PAIRS=_EMBEDDING_PAIRS, BLOCK_E=_EMBEDDING_EDGES, DOT_DTYPE=_TL_DTYPE[dot_dtype],
     )  # fmt: skip
     return out
 
 
 @rbf_embedding.register_fake
 def _(D_first, atoms, rows, pairs, centres, classes, table, W, sigma) -> Tensor:  # noqa: ANN001
-    return W.new_empty((rows.shape[0], W.shape[0]))
+    return W.new_empty((D_first.shape[0], W.shape[0]))
 
 
 def _save_embedding(ctx, inputs: tuple, output: Tensor) -> None:  # noqa: ANN001
     *features, classes, table, W, sigma = inputs
     ctx.save_for_backward(*features, classes)
-    ctx.sigma, ctx.num_classes = sigma, table.shape[0]
+    ctx.sigma, ctx.num_classes = sigma, None if table is None else table.shape[0]
 
 
 def _embedding_gradients(ctx, d_out: Tensor) -> tuple[Tensor | None, ...]:  # noqa: ANN001
     """``table``'s gradient as an embedding's; ``W``'s as a linear map's, from the features recomputed."""
     *features, classes = ctx.saved_tensors
     d_table = d_W = None
-    if ctx.needs_input_grad[6]:
+    if ctx.num_classes is not None and ctx.needs_input_grad[6]:
         d_table = torch.ops.aten.embedding_dense_backward(d_out, classes, ctx.num_classes, -1, False)
     if ctx.needs_input_grad[7]:
         d_W = d_out.T @ rbf_features(*features, ctx.sigma, d_out.dtype)
@@ -571,7 +575,7 @@ rbf_embedding.register_autograd(_embedding_gradients, setup_context=_save_embedd
 def rbf_features(
     D_first: Tensor,
     atoms: Tensor,
-    rows: Tensor,
+    rows: Tensor | None,
     pairs: Tensor,
     centres: Tensor,
     sigma: float,
@@ -579,11 +583,11 @@ def rbf_features(
 ) -> Tensor:
     """The distance features of :func:`embedded_rbf`, written in ``dtype``, on flat inputs: ``D_first [E]``,
     ``atoms [R, A * 3]``, the neighbour's row ``rows [E]`` of each edge (edge ``e`` is one of row ``e // (E /
-    R)``), ``pairs [2, P]``: ``[E, (1 + P) * C]``."""
-    E, P, C = rows.shape[0], pairs.shape[1], centres.shape[0]
+    R)``; None without pairs), ``pairs [2, P]``: ``[E, (1 + P) * C]``."""
+    E, P, C = D_first.shape[0], pairs.shape[1], centres.shape[0]
     out = torch.empty(E, (1 + P) * C, device=atoms.device, dtype=dtype)
     _rbf_kernel[(triton.cdiv(E, _RBF_EDGES),)](
-        D_first, atoms, rows, pairs[0].contiguous(), pairs[1].contiguous(), centres, out,
+        *_pointers(D_first, atoms, rows), pairs[0].contiguous(), pairs[1].contiguous(), centres, out,
         E, E // atoms.shape[0], A=atoms.shape[1] // 3, P=P, P_BLOCK=triton.next_power_of_2(P + 1), C=C,
         SIGMA=sigma, BLOCK_E=_RBF_EDGES,
     )  # fmt: skip
@@ -592,7 +596,7 @@ def rbf_features(
 
 @rbf_features.register_fake
 def _(D_first, atoms, rows, pairs, centres, sigma, dtype) -> Tensor:  # noqa: ANN001
-    return atoms.new_empty((rows.shape[0], (1 + pairs.shape[1]) * centres.shape[0]), dtype=dtype)
+    return atoms.new_empty((D_first.shape[0], (1 + pairs.shape[1]) * centres.shape[0]), dtype=dtype)
 
 
 @functools.cache
@@ -929,7 +933,7 @@ if triton is not None:
         c = tl.arange(0, C)
         edge_on = e < E
         centre = (e // K).to(tl.int64)
-        neighbour = tl.load(rows + e, mask=edge_on, other=0)
+        neighbour = _neighbour_rows(rows, e, edge_on, centre, P)
         first = tl.load(D_first + e, mask=edge_on, other=0.0)
         values = _rbf_values(
             atoms, centre_atom, neighbour_atom, centre, neighbour, first, edge_on, p, tl.load(centres + c),
@@ -939,10 +943,18 @@ if triton is not None:
         tl.store(at, values.to(out.dtype.element_ty), mask=(edge_on[:, None] & (p <= P)[None, :])[:, :, None])
 
     @triton.jit
+    def _neighbour_rows(rows, e, edge_on, centre, P: tl.constexpr):
+        """The rows of the edges' neighbours in ``atoms``; without pairs of atoms, unused (none read)."""
+        neighbour = centre
+        if P > 0:
+            neighbour = tl.load(rows + e, mask=edge_on, other=0)
+        return neighbour
+
+    @triton.jit
     def _embedding_kernel(
         D_first, atoms, rows, centre_atom, neighbour_atom, centres, classes, table, W, out, E, K,
         A: tl.constexpr, P: tl.constexpr, C: tl.constexpr, H: tl.constexpr, SIGMA: tl.constexpr,
-        PAIRS: tl.constexpr, BLOCK_E: tl.constexpr, DOT_DTYPE: tl.constexpr,
+        HAS_TABLE: tl.constexpr, PAIRS: tl.constexpr, BLOCK_E: tl.constexpr, DOT_DTYPE: tl.constexpr,
     ):  # fmt: skip
         """:func:`rbf_embedding`: the features of ``PAIRS`` pairs of atoms at a time, as :func:`_rbf_kernel`
         computes them, multiplied by their columns of ``W`` as they are computed."""
@@ -951,7 +963,7 @@ if triton is not None:
         h = tl.arange(0, H)
         edge_on = e < E
         centre = (e // K).to(tl.int64)
-        neighbour = tl.load(rows + e, mask=edge_on, other=0)
+        neighbour = _neighbour_rows(rows, e, edge_on, centre, P)
         first = tl.load(D_first + e, mask=edge_on, other=0.0)
         mu = tl.load(centres + tl.arange(0, C))
         acc = tl.zeros([BLOCK_E, H], dtype=tl.float32)
@@ -966,7 +978,8 @@ if triton is not None:
                 W + h[None, :] * ((P + 1) * C) + f[:, None], mask=(f < (P + 1) * C)[:, None], other=0.0
             )
             acc += _dot(values, columns, DOT_DTYPE)
-        encoding = table + tl.load(classes + e, mask=edge_on, other=0)[:, None] * H + h[None, :]
-        acc += tl.load(encoding, mask=edge_on[:, None], other=0.0).to(tl.float32)
+        if HAS_TABLE:
+            encoding = table + tl.load(classes + e, mask=edge_on, other=0)[:, None] * H + h[None, :]
+            acc += tl.load(encoding, mask=edge_on[:, None], other=0.0).to(tl.float32)
         at = out + e.to(tl.int64)[:, None] * H + h[None, :]
         tl.store(at, acc.to(out.dtype.element_ty), mask=edge_on[:, None])

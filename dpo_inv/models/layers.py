@@ -397,21 +397,30 @@ class ContextLayer(NodeLayer):
         mask_V: Tensor,
         mask_attend: Tensor,
         edge_projection: nn.Linear | None = None,
-    ) -> Tensor:
-        """With ``edge_projection``, ``h_E`` are the entries before that linear map, which is folded into the
-        first layer of the message MLP. The last layer is applied after the sum over the entries."""
+    ) -> tuple[Tensor, Tensor]:
+        """The new nodes, and the entries again for their next use (where the kernel applies the edge block,
+        its backward pass adds that use's gradient of them to its own). With ``edge_projection``, ``h_E``
+        are the entries before that linear map, which is folded into the first layer of the message MLP.
+        The last layer is applied after the sum over the entries."""
         W_v, W_e = weight(self.W1).split([h_V.shape[-1], self.W1.in_features - h_V.shape[-1]], dim=1)
         bias = self.W1.bias
         if edge_projection is not None:
             bias = bias + F.linear(edge_projection.bias, W_e)
             W_e = W_e @ weight(edge_projection)
-        edges, node_i = F.linear(h_E, W_e), F.linear(h_V, W_v, bias)
-        if runs_fused(self, edges):
-            summed = fused.message_sum(
-                edges.flatten(0, -3), node_i.flatten(0, -2)[:, None], weight(self.W2), self.W2.bias,
-                weight=mask_attend.flatten(0, -2)[..., None],
-            ).view_as(node_i)  # fmt: skip
+        node_i = F.linear(h_V, W_v, bias)
+        if runs_fused(self, h_E):
+            # the kernels apply a square edge block edge by edge (the atom layers'); the residue layers'
+            # entries, 2H wide, take it before
+            mlp = (node_i.flatten(0, -2)[:, None], weight(self.W2), self.W2.bias)
+            entries = mask_attend.flatten(0, -2)[..., None]
+            if W_e.shape[0] == W_e.shape[1]:
+                summed, edges = fused.message_sum_and_edges(h_E.flatten(0, -3), *mlp, weight=entries, W_e=W_e)
+                summed, h_E = summed.view_as(node_i), edges.view_as(h_E)
+            else:
+                summed = fused.message_sum(F.linear(h_E, W_e).flatten(0, -3), *mlp, weight=entries)
+                summed = summed.view_as(node_i)
         else:
-            hidden = self.act(linear(self.W2, self.act(edges.add_(node_i.unsqueeze(-2)))))
+            hidden = self.act(linear(self.W2, self.act(F.linear(h_E, W_e).add_(node_i.unsqueeze(-2)))))
             summed = torch.einsum("...m,...mh->...h", mask_attend.to(hidden.dtype), hidden)
-        return self._update_nodes(h_V, summed, mask_attend.to(summed.dtype).sum(-1, keepdim=True), mask_V)
+        count = mask_attend.to(summed.dtype).sum(-1, keepdim=True)
+        return self._update_nodes(h_V, summed, count, mask_V), h_E

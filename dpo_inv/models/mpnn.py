@@ -232,8 +232,8 @@ class ProteinMPNN(PreTrainedModel):
         for atom_layer, residue_layer in zip(
             self.y_context_encoder_layers, self.context_encoder_layers, strict=True
         ):
-            Y_nodes = atom_layer(Y_nodes, Y_edges, Y_m, Y_m_edges, edge_projection=self.W_edges_y)
-            h_V_C = residue_layer(h_V_C, torch.cat((h_E_context, Y_nodes), -1), mask, Y_m)
+            Y_nodes, Y_edges = atom_layer(Y_nodes, Y_edges, Y_m, Y_m_edges, edge_projection=self.W_edges_y)
+            h_V_C, _ = residue_layer(h_V_C, torch.cat((h_E_context, Y_nodes), -1), mask, Y_m)
         h_V_C = dropout(self.V_C(h_V_C), self.config.dropout, self.training)
         return self.V_C_norm(h_V_C)
 
