@@ -1,11 +1,12 @@
 """The bytes a DPO step moves per pair, counted operator by operator, for the step of now and of before: the
 table of docs/benchmarks.md, "Bytes a step moves". No GPU needed.
 
-    python scripts/bytes_table.py            # 21 rows, about 35 minutes on two CPU cores
+    python scripts/bytes_table.py            # 25 rows, about 40 minutes on two CPU cores
 
 Each row is one `scripts/benchmark.py` process (one warm-up micro-batch of 2 structures of 150 residues,
-whose operators it counts; `megabytes_moved_per_pair`), with CUDA's autocast policy for layer norms (fp32)
-emulated on the CPU, and the fused kernels run by Triton's interpreter. "Before" rows put back what the
+or for LigandMPNN's rows 2 of the ligand example's first pairs, of 1BC8: 93 residues with 406 context
+atoms; whose operators it counts: `megabytes_moved_per_pair`), with CUDA's autocast policy for layer norms
+(fp32) emulated on the CPU, and the fused kernels run by Triton's interpreter. "Before" rows put back what the
 step of before did: `nn.LayerNorm` for the edges' layer norms, the distance features in plain PyTorch, the
 backward kernel's gradients of the edges written in fp32 (and then rounded), the decoder's structure blocks
 gathered and added before its kernel, the edge update's residual and layer norm after its kernel, the edges'
@@ -13,7 +14,9 @@ blocks of the first linear maps applied before the kernels, the edges' and their
 taken from the blocks' after the backward kernels (and the edge update's residual's added to its edges'),
 the edge update's kernel's gradient of the edges written in fp32, the decoder's kernel's summed over its
 sequences with fp32 atomic adds (and then rounded), the distance features written by their kernel and the
-edge embedding applied after it, the encoder layers' two gradients of their edges summed by autograd.
+edge embedding applied after it, the encoder layers' two gradients of their edges summed by autograd;
+LigandMPNN's atom layers' edge blocks applied before their kernels, their two gradients of the atom edges
+summed by autograd and the atom edges' embedding in plain PyTorch.
 """
 
 from __future__ import annotations
@@ -114,8 +117,14 @@ ROWS = {
         {"edges passed"},
     ),
     "bf16, fused, precomputed reference": (f"{BF16} {PRE} {FUSED}", set()),
+    "LigandMPNN, fp32": (FP32, set()),
+    "LigandMPNN, bf16, plain layers": (BF16, set()),
+    "LigandMPNN, bf16, fused, before": (f"{BF16} {FUSED}", {"atom layers"}),
+    "LigandMPNN, bf16, fused": (f"{BF16} {FUSED}", set()),
 }
-BENCHMARK = "--lengths 150 --batch_sizes 2 --steps 1 --warmup 1 --work_dir outputs/bytes_table"
+BENCHMARK = "--batch_sizes 2 --steps 1 --warmup 1 --work_dir outputs/bytes_table"
+PROTEIN = "--lengths 150"
+LIGAND = "--train_file data/ligand/train.jsonl --num_pairs 4 --model_name_or_path ligand/v_32_010_25"  # 1BC8
 
 
 def fp32_gradients_out(edges: torch.Tensor, nodes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -189,6 +198,16 @@ def count(row: str) -> None:
             return d_edges if added is None else d_edges + added, d_W_e
 
         fused._edge_gradients = added_after
+    if "atom layers" in put_back:  # LigandMPNN's: W_e applied before the kernel, the atom edges not passed on
+        sum_and_edges = fused.message_sum_and_edges
+
+        def atom_layers_before(edges, *args, table=None, W_e=None, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+            if table is not None:  # the encoder's node messages
+                return sum_and_edges(edges, *args, table=table, W_e=W_e, **kwargs)
+            return fused.message_sum(F.linear(edges, W_e), *args, **kwargs), edges
+
+        fused.message_sum_and_edges = atom_layers_before
+        features.LigandFeatures._atom_edges = lambda self, D, Y: self.y_edges(features._rbf(D))
     if "edges passed" in put_back:  # the edges used twice by each encoder layer: autograd adds the gradients
         fused.message_sum_and_edges = lambda edges, *args, **kwargs: (
             fused.message_sum(edges, *args, **kwargs),
@@ -202,7 +221,8 @@ def count(row: str) -> None:
                 return fused_op(edges if W_e is None else F.linear(edges, W_e), *args, **kwargs)
 
             setattr(fused, name, applied_before)
-    sys.argv = ["benchmark.py", *BENCHMARK.split(), *options.split()]
+    data = LIGAND if row.startswith("LigandMPNN") else PROTEIN
+    sys.argv = ["benchmark.py", *BENCHMARK.split(), *data.split(), *options.split()]
     with layers.cuda_layer_norm_policy():
         runpy.run_path(str(ROOT / "scripts" / "benchmark.py"), run_name="__main__")
 
