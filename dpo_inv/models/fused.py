@@ -710,8 +710,8 @@ if triton is not None:
 
     @triton.autotune(
         # on sm_90 (Triton 3.9) only the decoder's form spills, 40 and 16 bytes a thread at (4, 16, 4, 2) and
-        # (2, 32, 4, 2); (8, 16, 8, 2) spills 140 bytes in the context layers' form and takes up to 226 KB of
-        # shared memory: left out
+        # (2, 32, 4, 2), and the atom context layers', 36 at (4, 16, 4, 2); (8, 16, 8, 2) spills 140 bytes in
+        # the residue context layers' form and takes up to 226 KB of shared memory: left out
         _configs((4, 16, 8, 2), (2, 16, 4, 2), (4, 16, 4, 2), (2, 16, 8, 2), (2, 32, 4, 2), (4, 32, 8, 2)),
         key=[*_TUNED_BY, "NORM"],  # one tuning for the edge update with and without KEEP
     )
