@@ -16,7 +16,8 @@ the edge update's kernel's gradient of the edges written in fp32, the decoder's 
 sequences with fp32 atomic adds (and then rounded), the distance features written by their kernel and the
 edge embedding applied after it, the encoder layers' two gradients of their edges summed by autograd;
 LigandMPNN's atom layers' edge blocks applied before their kernels, their two gradients of the atom edges
-summed by autograd and the atom edges' embedding in plain PyTorch.
+summed by autograd, the atom edges' embedding in plain PyTorch and its atoms' one-hot element features built
+in int64, concatenated and cast.
 """
 
 from __future__ import annotations
@@ -119,7 +120,7 @@ ROWS = {
     "bf16, fused, precomputed reference": (f"{BF16} {PRE} {FUSED}", set()),
     "LigandMPNN, fp32": (FP32, set()),
     "LigandMPNN, bf16, plain layers": (BF16, set()),
-    "LigandMPNN, bf16, fused, before": (f"{BF16} {FUSED}", {"atom layers"}),
+    "LigandMPNN, bf16, fused, before": (f"{BF16} {FUSED}", {"atom layers", "one-hots"}),
     "LigandMPNN, bf16, fused": (f"{BF16} {FUSED}", set()),
 }
 BENCHMARK = "--batch_sizes 2 --steps 1 --warmup 1 --work_dir outputs/bytes_table"
@@ -208,6 +209,14 @@ def count(row: str) -> None:
 
         fused.message_sum_and_edges = atom_layers_before
         features.LigandFeatures._atom_edges = lambda self, D, Y: self.y_edges(features._rbf(D))
+    if "one-hots" in put_back:  # LigandMPNN's atoms' element, group and period one-hot in int64, then cast
+
+        def integer_one_hots(self, element):  # noqa: ANN001, ANN202
+            group, period = self.groups_and_periods[element].unbind(-1)
+            hots = (F.one_hot(element, 120), F.one_hot(group, 19), F.one_hot(period, 8))
+            return torch.cat(hots, -1).to(self.type_linear.weight.dtype)
+
+        features.LigandFeatures._element_one_hot = integer_one_hots
     if "edges passed" in put_back:  # the edges used twice by each encoder layer: autograd adds the gradients
         fused.message_sum_and_edges = lambda edges, *args, **kwargs: (
             fused.message_sum(edges, *args, **kwargs),

@@ -290,15 +290,13 @@ class LigandFeatures(ProteinFeatures):
         return Y, gather_neighbors(element, idx), gather_neighbors(atom_mask, idx)
 
     def _element_one_hot(self, element: Tensor) -> Tensor:
+        """One-hot atomic number, group and period side by side ``[..., 147]``, written once in the weights'
+        dtype (not three int64 one-hots, concatenated, then cast)."""
         group, period = self.groups_and_periods[element].unbind(-1)
-        return torch.cat(
-            (
-                F.one_hot(element, _NUM_ELEMENTS),
-                F.one_hot(group, _NUM_GROUPS),
-                F.one_hot(period, _NUM_PERIODS),
-            ),
-            -1,
-        ).to(self.type_linear.weight.dtype)
+        hot = torch.stack((element, _NUM_ELEMENTS + group, _NUM_ELEMENTS + _NUM_GROUPS + period), -1)
+        size = _NUM_ELEMENTS + _NUM_GROUPS + _NUM_PERIODS
+        zeros = torch.zeros(*element.shape, size, dtype=self.type_linear.weight.dtype, device=element.device)
+        return zeros.scatter_(-1, hot, 1.0)
 
     @staticmethod
     def _local_directions(X: Tensor, Y: Tensor) -> Tensor:
