@@ -12,7 +12,7 @@ from torch.utils.data import Dataset as TorchDataset
 from torch.utils.data import Sampler
 from transformers.trainer_pt_utils import get_length_grouped_indices
 
-from dpo_inv.data.dataset import SEQUENCE_COLUMNS, RecordSet, column
+from dpo_inv.data.dataset import SEQUENCE_COLUMNS, RecordSet
 from dpo_inv.structures.parse import ALPHABET
 
 
@@ -25,7 +25,7 @@ class ExampleDataset(TorchDataset):
         self.structures = data.structures.with_format("numpy")
         self.record_rows = data.records.with_format("arrow")
         self.structure_rows = data.structures.select_columns(list(BATCH_STRUCTURE_KEYS)).with_format("arrow")
-        self.lengths = column(data.structures, "length")[column(data.records, "structure_id")]
+        self.lengths = data.lengths()
 
     def __len__(self) -> int:
         return len(self.records)

@@ -71,6 +71,10 @@ class RecordSet:
     skipped: tuple[BadRecord, ...] = ()
     files: tuple[str, str] | None = None
 
+    def lengths(self) -> np.ndarray:
+        """Each record's structure length in residues."""
+        return column(self.structures, "length")[column(self.records, "structure_id")]
+
 
 def column(table: datasets.Dataset, name: str) -> np.ndarray:
     """A numeric column as one numpy array, that column alone read from Arrow at once (`table[name]` makes a

@@ -473,9 +473,8 @@ def data_notes(config: DPOConfig, data: RunData, steps: Steps) -> list[str]:
         )
     budget = config.per_device_train_batch_residues
     if budget:
-        structure_ids = column(data.train.records, "structure_id")
-        lengths = column(data.train.structures, "length")[structure_ids]
-        longer = len(np.unique(structure_ids[lengths > budget]))
+        lengths = data.train.lengths()
+        longer = len(np.unique(column(data.train.records, "structure_id")[lengths > budget]))
         if longer:
             notes.append(
                 f"{longer} training structure(s) longer than per_device_train_batch_residues {budget} (the "
@@ -509,8 +508,7 @@ def device_notes(config: DPOConfig, data: RunData, device: torch.device) -> list
     fp32 = config.mixed_precision == "no" and torch.cuda.is_bf16_supported(including_emulation=False)
     notes = [FP32_ON_A_GPU] if fp32 else []
     if not config.per_device_train_batch_residues:
-        lengths = column(data.train.structures, "length")[column(data.train.records, "structure_id")]
-        size, mean = config.per_device_train_batch_size, lengths.mean()
+        size, mean = config.per_device_train_batch_size, data.train.lengths().mean()
         if size * mean < GPU_RESIDUES / 2:
             notes.append(
                 f"a micro-batch of {size} {UNITS[config.record_kind]} holds about {size * mean:,.0f} "
