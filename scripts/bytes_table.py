@@ -213,7 +213,8 @@ def count(row: str) -> None:
 
         def integer_one_hots(self, element):  # noqa: ANN001, ANN202
             group, period = self.groups_and_periods[element].unbind(-1)
-            hots = (F.one_hot(element, 120), F.one_hot(group, 19), F.one_hot(period, 8))
+            sizes = (features._NUM_ELEMENTS, features._NUM_GROUPS, features._NUM_PERIODS)
+            hots = [F.one_hot(x, n) for x, n in zip((element, group, period), sizes, strict=True)]
             return torch.cat(hots, -1).to(self.type_linear.weight.dtype)
 
         features.LigandFeatures._element_one_hot = integer_one_hots

@@ -217,11 +217,11 @@ def compile_all(forms: list[str], arch: int, only: triton.Config | None = None) 
 
 def plain(form: str, edges, nodes, table, index, seen, shared, W2, b2, W3, b3, W_e, norm_weight, norm_bias):  # noqa: ANN001
     """The layers' plain computation of each form."""
-    if form == "context":
-        return (F.gelu(F.linear(F.gelu(edges[:, :, None] + nodes[:, None]), W2, b2)) * seen[..., None]).sum(1)
-    if form == "atom context":  # with a later use of the edges (their sum over the entries), as the layer's
-        pre = F.linear(edges, W_e)[:, :, None] + nodes[:, None]
-        return (F.gelu(F.linear(F.gelu(pre), W2, b2)) * seen[..., None]).sum(1) + edges.sum(1, keepdim=True)
+    if "context" in form:
+        pre = (edges if form == "context" else F.linear(edges, W_e))[:, :, None] + nodes[:, None]
+        out = (F.gelu(F.linear(F.gelu(pre), W2, b2)) * seen[..., None]).sum(1)
+        # the atom layers' with a later use of the edges (their sum over the entries), as the layer's
+        return out if form == "context" else out + edges.sum(1, keepdim=True)
     pre = F.linear(edges, W_e)[:, :, None] + nodes[:, None]
     neighbours = table[index]
     if form == "decoder":
