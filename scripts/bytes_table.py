@@ -17,7 +17,8 @@ sequences with fp32 atomic adds (and then rounded), the distance features writte
 edge embedding applied after it, the encoder layers' two gradients of their edges summed by autograd;
 LigandMPNN's atom layers' edge blocks applied before their kernels, their two gradients of the atom edges
 summed by autograd, the atom edges' embedding in plain PyTorch and its atoms' one-hot element features built
-in int64, concatenated and cast.
+in int64, concatenated and cast; the edges' embeddings written by their kernel, then normalised by their
+layer norms.
 """
 
 from __future__ import annotations
@@ -52,7 +53,8 @@ FUSED, PRE = "--fused_kernels true", "--precompute_ref_log_probs"
 # edges' gradients through W_e taken after the backward kernels, and the residual's added after, the edge
 # update's edge gradients in fp32, the decoder's summed over its sequences in fp32 by atomic adds, the edge
 # embedding applied to the distance features after their kernel wrote them, the encoder layers' node sums
-# not passing their edges on (autograd adds the edge update's gradient of them to theirs)
+# not passing their edges on (autograd adds the edge update's gradient of them to theirs), the edges'
+# embeddings normalised after their kernel
 BEFORE = frozenset(
     {
         "norms",
@@ -66,6 +68,7 @@ BEFORE = frozenset(
         "decoder sums",
         "embedding",
         "edges passed",
+        "embedding norm",
     }
 )
 # row: (options, what it puts back)
@@ -86,41 +89,61 @@ ROWS = {
     ),
     "bf16, fused, and the edge update's residual and layer norm in its kernel": (
         f"{BF16} {FUSED}",
-        {"edge blocks", "edge gradients", "edge update", "decoder sums", "embedding", "edges passed"},
+        {
+            "edge blocks",
+            "edge gradients",
+            "edge update",
+            "decoder sums",
+            "embedding",
+            "edges passed",
+            "embedding norm",
+        },
     ),
     "bf16, fused, and the edge blocks applied in the kernels": (
         f"{BF16} {FUSED}",
-        {"edge gradients", "edge update", "decoder sums", "embedding", "edges passed"},
+        {"edge gradients", "edge update", "decoder sums", "embedding", "edges passed", "embedding norm"},
     ),
     "bf16, fused, and the edges' gradients through the edge blocks in the kernels": (
         f"{BF16} {FUSED}",
-        {"edge update", "decoder sums", "embedding", "edges passed"},
+        {"edge update", "decoder sums", "embedding", "edges passed", "embedding norm"},
     ),
     "bf16, fused, and the edge update's edge gradients in bf16": (
         f"{BF16} {FUSED}",
-        {"decoder sums", "embedding", "edges passed"},
+        {"decoder sums", "embedding", "edges passed", "embedding norm"},
     ),
     "bf16, fused, and the decoder's edge gradients summed in its kernel": (
         f"{BF16} {FUSED}",
-        {"embedding", "edges passed"},
+        {"embedding", "edges passed", "embedding norm"},
     ),
     "bf16, fused, and the edge embedding in the distance features' kernel": (
         f"{BF16} {FUSED}",
-        {"edges passed"},
+        {"edges passed", "embedding norm"},
     ),
-    "bf16, fused, and the encoder's edge gradients summed in its kernels": (f"{BF16} {FUSED}", set()),
+    "bf16, fused, and the encoder's edge gradients summed in its kernels": (
+        f"{BF16} {FUSED}",
+        {"embedding norm"},
+    ),
+    "bf16, fused, and the edge embedding's layer norm in its kernel": (f"{BF16} {FUSED}", set()),
     "fp32, precomputed reference": (f"{FP32} {PRE}", set()),
     "bf16, plain, precomputed reference, before": (f"{BF16} {PRE}", {"norms"}),
     "bf16, plain, precomputed reference": (f"{BF16} {PRE}", set()),
     "bf16, fused, precomputed reference, before": (f"{BF16} {PRE} {FUSED}", BEFORE),
     "bf16, fused, precomputed reference, before the encoder's edge gradients summed in its kernels": (
         f"{BF16} {PRE} {FUSED}",
-        {"edges passed"},
+        {"edges passed", "embedding norm"},
+    ),
+    "bf16, fused, precomputed reference, before the edge embedding's layer norm in its kernel": (
+        f"{BF16} {PRE} {FUSED}",
+        {"embedding norm"},
     ),
     "bf16, fused, precomputed reference": (f"{BF16} {PRE} {FUSED}", set()),
     "LigandMPNN, fp32": (FP32, set()),
     "LigandMPNN, bf16, plain layers": (BF16, set()),
-    "LigandMPNN, bf16, fused, before": (f"{BF16} {FUSED}", {"atom layers", "one-hots"}),
+    "LigandMPNN, bf16, fused, before": (f"{BF16} {FUSED}", {"atom layers", "one-hots", "embedding norm"}),
+    "LigandMPNN, bf16, fused, before the edge embeddings' layer norms in their kernel": (
+        f"{BF16} {FUSED}",
+        {"embedding norm"},
+    ),
     "LigandMPNN, bf16, fused": (f"{BF16} {FUSED}", set()),
 }
 BENCHMARK = "--batch_sizes 2 --steps 1 --warmup 1 --work_dir outputs/bytes_table"
@@ -133,6 +156,44 @@ def fp32_gradients_out(edges: torch.Tensor, nodes: torch.Tensor) -> tuple[torch.
     the sequences with atomic adds)."""
     fill = torch.empty if nodes.shape[1] == 1 else torch.zeros
     return fill(edges.shape, dtype=torch.float32), torch.empty_like(nodes)
+
+
+@torch.library.custom_op("bytes_table::rbf_embedding", mutates_args=())
+def unnormalised_embedding(
+    D_first: torch.Tensor,
+    atoms: torch.Tensor,
+    rows: torch.Tensor | None,
+    pairs: torch.Tensor,
+    centres: torch.Tensor,
+    classes: torch.Tensor | None,
+    table: torch.Tensor | None,
+    W: torch.Tensor,
+    sigma: float,
+) -> torch.Tensor:
+    """The edge embedding's kernel of before, one operator without the layer norm: ``fused.rbf_embedding``'s
+    inputs but the norm's, its output ``[E, H]`` unnormalised (computed here by the features' kernel and a
+    product: one operator all the same)."""
+    embedded = fused.rbf_features(D_first, atoms, rows, pairs, centres, sigma, W.dtype) @ W.T
+    return embedded if table is None else embedded + table[classes]
+
+
+def _unnormalised_gradients(ctx, d_out: torch.Tensor) -> tuple:  # noqa: ANN001
+    """The gradients of before: ``table``'s as an embedding's, ``W``'s from the features recomputed."""
+    *features_in, classes = ctx.saved_tensors
+    d_table = None
+    if ctx.num_classes is not None:
+        d_table = torch.ops.aten.embedding_dense_backward(d_out, classes, ctx.num_classes, -1, False)
+    d_W = d_out.T @ fused.rbf_features(*features_in, ctx.sigma, d_out.dtype)
+    return None, None, None, None, None, None, d_table, d_W, None
+
+
+def _save_unnormalised(ctx, inputs: tuple, output: torch.Tensor) -> None:  # noqa: ANN001
+    *features_in, classes, table, W, sigma = inputs
+    ctx.save_for_backward(*features_in, classes)
+    ctx.sigma, ctx.num_classes = sigma, None if table is None else table.shape[0]
+
+
+unnormalised_embedding.register_autograd(_unnormalised_gradients, setup_context=_save_unnormalised)
 
 
 def count(row: str) -> None:
@@ -175,21 +236,30 @@ def count(row: str) -> None:
         layers.AutocastLayerNorm.forward = torch.nn.LayerNorm.forward
     embedded_rbf = features._embedded_rbf
     if "features" in put_back:
-        features._embedded_rbf = lambda D, atoms, E_idx, pairs, embedding, fuse: embedded_rbf(
-            D, atoms, E_idx, pairs, embedding, False
+        features._embedded_rbf = lambda D, atoms, E_idx, pairs, embedding, norm, fuse: embedded_rbf(
+            D, atoms, E_idx, pairs, embedding, norm, False
         )
     elif "embedding" in put_back:  # the features written in bf16 by their kernel, the edge embedding after
 
-        def embedded_after(D, atoms, E_idx, pairs, embedding, fuse):  # noqa: ANN001, ANN202
+        def embedded_after(D, atoms, E_idx, pairs, embedding, norm, fuse):  # noqa: ANN001, ANN202
             if not (fuse and fused.available(D)):
-                return embedded_rbf(D, atoms, E_idx, pairs, embedding, fuse)
+                return embedded_rbf(D, atoms, E_idx, pairs, embedding, norm, fuse)
             B, L, A, _ = atoms.shape
             flat = (D.flatten(), atoms.reshape(B * L, A * 3), layers.flat_neighbors(E_idx).flatten(), pairs)
             centres = features._rbf_centres(atoms.device)
             rbf = fused.rbf_features(*flat, centres, features._RBF_SIGMA, torch.get_autocast_dtype("cpu"))
-            return features._embedded(rbf.view(*D.shape, -1), *embedding)
+            return norm(features._embedded(rbf.view(*D.shape, -1), *embedding))
 
         features._embedded_rbf = embedded_after
+    if "embedding norm" in put_back:  # the embedding's kernel wrote the embedding, its layer norm after
+
+        def normalised_after(*inputs_norm_sigma_eps):  # noqa: ANN002, ANN202
+            *inputs, norm_weight, norm_bias, sigma, eps = inputs_norm_sigma_eps
+            embedded = unnormalised_embedding(*inputs, sigma)
+            with torch.autocast("cpu", enabled=False):  # as AutocastLayerNorm
+                return F.layer_norm(embedded, embedded.shape[-1:], norm_weight, norm_bias, eps)
+
+        fused.rbf_embedding = normalised_after
     if "edge gradients" in put_back:  # the blocks' gradients written, the edges' and W_e's by matrix products
         fused._edge_gradients_in_kernel = lambda edge_out, edge_weight: False
         edge_gradients = fused._edge_gradients
@@ -208,7 +278,9 @@ def count(row: str) -> None:
             return fused.message_sum(F.linear(edges, W_e), *args, **kwargs), edges
 
         fused.message_sum_and_edges = atom_layers_before
-        features.LigandFeatures._atom_edges = lambda self, D, Y: self.y_edges(features._rbf(D))
+        features.LigandFeatures._atom_edges = lambda self, D, Y: self.norm_y_edges(
+            self.y_edges(features._rbf(D))
+        )
     if "one-hots" in put_back:  # LigandMPNN's atoms' element, group and period one-hot in int64, then cast
 
         def integer_one_hots(self, element):  # noqa: ANN001, ANN202

@@ -105,8 +105,12 @@ EDGES = {"backbone": (5, 24, True), "atom edges": (1, 0, False)}
 
 def edge_types(edges: str) -> dict[str, str]:
     if EDGES[edges][2]:
-        return RBF_TYPES | {"classes": "*i64", "table": "*bf16", "W": "*bf16"}
-    return RBF_TYPES | {"rows": "*fp32", "classes": "*fp32", "table": "*fp32", "W": "*bf16"}
+        types = RBF_TYPES | {"classes": "*i64", "table": "*bf16", "W": "*bf16"}
+    else:
+        types = RBF_TYPES | {"rows": "*fp32", "classes": "*fp32", "table": "*fp32", "W": "*bf16"}
+    # the layer norm's weights as CUDA's autocast gives them (bf16), the gradients' sums in fp32
+    return types | {"norm_weight": "*bf16", "norm_bias": "*bf16", "d_out": "*bf16", "d_embedding": "*bf16",
+                    "d_norm": "*fp32"}  # fmt: skip
 
 
 def compiled_rbf(arch: int, edges: str) -> dict[str, int]:
@@ -119,15 +123,17 @@ def compiled_rbf(arch: int, edges: str) -> dict[str, int]:
     return ptxas_stats(fused._rbf_kernel, constants, edge_types(edges), True, arch, options)
 
 
-def compiled_embedding(arch: int, edges: str) -> dict[str, int]:
-    """The edge embedding's kernel compiled for ``arch`` as the ``edges`` launch it (bf16 table, weights and
-    out), with the same statistics."""
+def compiled_embedding(arch: int, edges: str, backward: bool) -> dict[str, int]:
+    """The edge embedding's kernel with its layer norm (``backward``: the layer norm's backward kernel)
+    compiled for ``arch`` as the ``edges`` launch it (bf16 table, weights and out), with the same
+    statistics."""
     A, P, table = EDGES[edges]
-    constants = {"A": A, "P": P, "C": 16, "H": 128, "SIGMA": 1.25, "HAS_TABLE": table,
+    constants = {"A": A, "P": P, "C": 16, "H": 128, "SIGMA": 1.25, "EPS": 1e-5, "HAS_TABLE": table,
                  "PAIRS": fused._EMBEDDING_PAIRS, "BLOCK_E": fused._EMBEDDING_EDGES,
-                 "DOT_DTYPE": tl.bfloat16}  # fmt: skip
-    options = {"num_warps": 4, "num_stages": 1}
-    return ptxas_stats(fused._embedding_kernel, constants, edge_types(edges), True, arch, options)
+                 "DOT_DTYPE": tl.bfloat16, "X_DTYPE": tl.bfloat16}  # fmt: skip
+    options = {"num_warps": fused._EMBEDDING_WARPS, "num_stages": 1}
+    kernel = fused._embedding_backward_kernel if backward else fused._embedding_kernel
+    return ptxas_stats(kernel, constants, edge_types(edges), True, arch, options)
 
 
 def ptxas_stats(
@@ -204,14 +210,17 @@ def compile_all(forms: list[str], arch: int, only: triton.Config | None = None) 
                       f"{stats['registers']} registers, {stats['spilled']} bytes spilled, "
                       f"{stats['in_loops']} spill accesses in loops", flush=True)  # fmt: skip
     for edges in EDGES:
-        for name, stats, tile in (
-            ("rbf", compiled_rbf(arch, edges), fused._RBF_EDGES),
-            ("embedding", compiled_embedding(arch, edges), fused._EMBEDDING_EDGES),
+        embedding = (fused._EMBEDDING_EDGES, fused._EMBEDDING_WARPS)
+        for name, stats, (tile, warps) in (
+            ("rbf", compiled_rbf(arch, edges), (fused._RBF_EDGES, 4)),
+            ("embedding", compiled_embedding(arch, edges, False), embedding),
+            ("norm_back", compiled_embedding(arch, edges, True), embedding),
         ):
             fits &= stats["shared"] <= 1024 * SHARED_MEMORY_KB.get(arch, 99)
-            print(f"{name:9s} {edges:10s} {tile} edges, 4 warps: shared {stats['shared'] / 1024:.0f} KB, "
-                  f"{stats['registers']} registers, {stats['spilled']} bytes spilled, "
-                  f"{stats['in_loops']} spill accesses in loops", flush=True)  # fmt: skip
+            print(f"{name:9s} {edges:10s} {tile} edges, {warps} warps: shared "
+                  f"{stats['shared'] / 1024:.0f} KB, {stats['registers']} registers, "
+                  f"{stats['spilled']} bytes spilled, {stats['in_loops']} spill accesses in loops",
+                  flush=True)  # fmt: skip
     return fits
 
 
@@ -312,10 +321,10 @@ def check(form: str, B: int, L: int, K: int, device: torch.device) -> str:
 
 
 def check_embedding(B: int, L: int, K: int, device: torch.device) -> str:
-    """The edge embedding of B structures of L residues (random atoms in a 40 Å box, random neighbours and
-    positional classes, ProteinMPNN's weights' scale) as one kernel in bf16 against the plain path in fp32:
-    the relative error of the output and the weights' gradients, and the times of forward + backward of the
-    kernel and of the plain path under bf16 autocast, as a line."""
+    """The edge embedding and its layer norm on B structures of L residues (random atoms in a 40 Å box,
+    random neighbours and positional classes, ProteinMPNN's weights' scale) as one kernel in bf16 against the
+    plain path in fp32: the relative error of the output and the weights' (and the norm's) gradients, and
+    the times of forward + backward of the kernel and of the plain path under bf16 autocast, as a line."""
     generator = torch.Generator(device).manual_seed(0)
     atoms = 40 * torch.rand(B, L, 5, 3, device=device, generator=generator)
     E_idx = torch.randint(0, L, (B, L, K), device=device, generator=generator)
@@ -324,12 +333,17 @@ def check_embedding(B: int, L: int, K: int, device: torch.device) -> str:
     pairs = ProteinFeatures(128, K).to(device).atom_pairs
     table = torch.randn(66, 128, device=device, generator=generator).requires_grad_()
     W = (0.05 * torch.randn(128, 400, device=device, generator=generator)).requires_grad_()
+    norm = AutocastLayerNorm(128).to(device)
+    with torch.no_grad():
+        norm.weight.normal_(1.0, 0.1, generator=generator)
+        norm.bias.normal_(0.0, 0.1, generator=generator)
     d_out = torch.randn(B, L, K, 128, device=device, generator=generator)
 
     def embedded(fuse: bool, autocast: bool = True) -> list[torch.Tensor]:
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
-            out = _embedded_rbf(D_first, atoms, E_idx, pairs, (classes, table, W), fuse)
-        return [out, *torch.autograd.grad(out, (table, W), d_out.to(out.dtype))]
+            out = _embedded_rbf(D_first, atoms, E_idx, pairs, (classes, table, W), norm, fuse)
+        learnt = (table, W, norm.weight, norm.bias)
+        return [out, *torch.autograd.grad(out, learnt, d_out.to(out.dtype))]
 
     want = embedded(False, autocast=False)
     errors = [float((a.float() - b).norm() / b.norm()) for a, b in zip(embedded(True), want, strict=True)]

@@ -72,16 +72,20 @@ def _embedded_rbf(
     E_idx: Tensor,
     pairs: Tensor,
     embedding: tuple[Tensor, ...],
+    norm: AutocastLayerNorm,
     fuse: bool,
 ) -> Tensor:
-    """The edge embedding of :func:`_neighbor_rbf`'s features and the positional encodings, in ``embedding``'s
-    parts (:meth:`GraphFeatures._edge_embedding_parts`). With ``fuse``, where the device allows, one kernel
-    that applies it edge by edge without writing the features (:func:`fused.embedded_rbf`)."""
+    """``norm`` of the edge embedding of :func:`_neighbor_rbf`'s features and the positional encodings, in
+    ``embedding``'s parts (:meth:`GraphFeatures._edge_embedding_parts`). With ``fuse``, where the device
+    allows, one kernel that applies both edge by edge without writing the features or the embedding
+    (:func:`fused.embedded_rbf`)."""
     if fuse and fused.available(D_neighbors) and not atoms.requires_grad:
         rows = flat_neighbors(E_idx)
         centres = _rbf_centres(atoms.device)
-        return fused.embedded_rbf(D_neighbors, atoms, rows, pairs, centres, _RBF_SIGMA, *embedding)
-    return _embedded(_neighbor_rbf(D_neighbors, atoms, E_idx, pairs), *embedding)
+        return fused.embedded_rbf(
+            D_neighbors, atoms, rows, pairs, centres, _RBF_SIGMA, *embedding, *norm.applied(atoms), norm.eps
+        )
+    return norm(_embedded(_neighbor_rbf(D_neighbors, atoms, E_idx, pairs), *embedding))
 
 
 def _embedded(rest: Tensor, classes: Tensor, table: Tensor, W_rest: Tensor) -> Tensor:
@@ -182,8 +186,8 @@ class ProteinFeatures(GraphFeatures):
         D_neighbors, E_idx = self._dist(Ca, mask)
         atoms = torch.stack((N, Ca, C, O, Cb), dim=2)
         embedding = self._edge_embedding_parts(E_idx, residue_idx, chain_labels)
-        E = _embedded_rbf(D_neighbors, atoms, E_idx, self.atom_pairs, embedding, self.fused)
-        return self.norm_edges(E), E_idx
+        E = _embedded_rbf(D_neighbors, atoms, E_idx, self.atom_pairs, embedding, self.norm_edges, self.fused)
+        return E, E_idx
 
 
 class CAProteinFeatures(GraphFeatures):
@@ -324,21 +328,24 @@ class LigandFeatures(ProteinFeatures):
         return (
             self.norm_nodes(self.node_project_down(V)),
             self.norm_y_nodes(self.y_nodes(types)),
-            self.norm_y_edges(self._atom_edges(D_atoms, Y)),
+            self._atom_edges(D_atoms, Y),
         )
 
     def _atom_edges(self, D: Tensor, Y: Tensor) -> Tensor:
-        """``y_edges`` of the RBF of the atom-atom distances ``D [B, L, M, M]`` (of the atoms ``Y [B, L, M,
-        3]``); where the device allows, one kernel that does not write the features (each residue's atoms
-        the nodes of a graph, their fellow atoms the neighbours: :func:`fused.embedded_rbf`)."""
+        """``norm_y_edges`` of ``y_edges`` of the RBF of the atom-atom distances ``D [B, L, M, M]`` (of the
+        atoms ``Y [B, L, M, 3]``); where the device allows, one kernel that writes neither the features nor
+        the embedding (each residue's atoms the nodes of a graph, their fellow atoms the neighbours:
+        :func:`fused.embedded_rbf`)."""
         if not (self.fused and fused.available(D) and not Y.requires_grad and applies_merged(self.y_edges)):
-            return self.y_edges(_rbf(D))
+            return self.norm_y_edges(self.y_edges(_rbf(D)))
         B, L, M, _ = D.shape
         centres, no_pairs = _rbf_centres(D.device), self.atom_pairs[:, :0]
         atoms = Y.reshape(B, L * M, 1, 3)
+        norm = self.norm_y_edges
         edges = fused.embedded_rbf(
-            D.view(B, L * M, M), atoms, None, no_pairs, centres, _RBF_SIGMA, None, None, weight(self.y_edges)
-        )
+            D.view(B, L * M, M), atoms, None, no_pairs, centres, _RBF_SIGMA, None, None, weight(self.y_edges),
+            *norm.applied(D), norm.eps,
+        )  # fmt: skip
         return edges.view(B, L, M, M, -1)
 
 

@@ -492,17 +492,22 @@ def embedded_rbf(
     classes: Tensor | None,
     table: Tensor | None,
     W: Tensor,
+    norm_weight: Tensor,
+    norm_bias: Tensor,
+    eps: float,
 ) -> Tensor:
-    """An edge embedding in one kernel, ``out[b, i, k] = W rbf[b, i, k] + table[classes[b, i, k]]``, where
-    ``rbf`` are the edge's distance features (``[(1 + P) * C]``, not written): ``exp(-((D - centres[c]) /
-    sigma)^2)`` (exponents clamped at -87), where ``D`` is ``D_first [B, L, K]`` for ``p = 0`` and, for ``p
-    >= 1``, the distance between atom ``pairs[0, p - 1]`` of node ``i`` and atom ``pairs[1, p - 1]`` of its
-    neighbour, the row ``rows[b * L + i, k]`` of the flattened ``atoms [B, L, A, 3]``. ``W [H, (1 + P) *
-    C]``, ``table [T, H]``. The full-backbone model's edges: 24 pairs of backbone atoms and the positional
-    encodings; LigandMPNN's atom edges: their distances alone (no pairs, ``rows``, ``classes`` or
-    ``table``). The features are rounded to the autocast dtype, as the plain path's linear map rounds them,
-    and the output is written in it: ``[B, L, K, H]``. The backward pass recomputes the features for
-    ``W``'s gradient."""
+    """An edge embedding and its layer norm in one kernel, ``out[b, i, k] = layer_norm(W rbf[b, i, k] +
+    table[classes[b, i, k]])``, where ``rbf`` are the edge's distance features (``[(1 + P) * C]``, not
+    written): ``exp(-((D - centres[c]) / sigma)^2)`` (exponents clamped at -87), where ``D`` is ``D_first [B,
+    L, K]`` for ``p = 0`` and, for ``p >= 1``, the distance between atom ``pairs[0, p - 1]`` of node ``i`` and
+    atom ``pairs[1, p - 1]`` of its neighbour, the row ``rows[b * L + i, k]`` of the flattened ``atoms [B, L,
+    A, 3]``. ``W [H, (1 + P) * C]``, ``table [T, H]``; the layer norm's ``norm_weight``, ``norm_bias [H]``
+    and ``eps``. The full-backbone model's edges: 24 pairs of backbone atoms and the positional encodings;
+    LigandMPNN's atom edges: their distances alone (no pairs, ``rows``, ``classes`` or ``table``). The
+    features are rounded to the autocast dtype, as the plain path's linear map rounds them, and so is the
+    embedding the layer norm reads; the output is written in it: ``[B, L, K, H]``. The backward pass
+    recomputes the embedding and its statistics for the layer norm's gradients, and the features for
+    ``W``'s."""
     device = atoms.device.type
     dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else atoms.dtype
     B, L, A, _ = atoms.shape
@@ -515,9 +520,11 @@ def embedded_rbf(
         None if classes is None else classes.flatten(),
         None if table is None else table.to(dtype),
         W.to(dtype),
+        norm_weight,
+        norm_bias,
     )
     flat = (None if x is None else x.contiguous() for x in flat)
-    return rbf_embedding(*flat, sigma).view(*D_first.shape, -1)
+    return rbf_embedding(*flat, sigma, eps).view(*D_first.shape, -1)
 
 
 @torch.library.custom_op("dpo_inv::rbf_embedding", mutates_args=())
@@ -530,42 +537,113 @@ def rbf_embedding(
     classes: Tensor | None,
     table: Tensor | None,
     W: Tensor,
+    norm_weight: Tensor,
+    norm_bias: Tensor,
     sigma: float,
+    eps: float,
 ) -> Tensor:
     """:func:`embedded_rbf` on flat inputs (those of :func:`rbf_features`, and ``classes [E]``): ``[E, H]``
     in ``W``'s dtype."""
-    E, P, C = D_first.shape[0], pairs.shape[1], centres.shape[0]
+    E = D_first.shape[0]
     out = W.new_empty(E, W.shape[0])
-    dot_dtype = _dot_dtype(W.dtype)
     _embedding_kernel[(triton.cdiv(E, _EMBEDDING_EDGES),)](
-        *_pointers(D_first, atoms, rows), pairs[0].contiguous(), pairs[1].contiguous(), centres,
-        *_pointers(D_first, classes, table)[1:], W.to(dot_dtype), out, E, E // atoms.shape[0],
-        A=atoms.shape[1] // 3, P=P, C=C, H=W.shape[0], SIGMA=sigma, HAS_TABLE=table is not None,
-        PAIRS=_EMBEDDING_PAIRS, BLOCK_E=_EMBEDDING_EDGES, DOT_DTYPE=_TL_DTYPE[dot_dtype],
+        *_embedding_arguments(D_first, atoms, rows, pairs, centres, classes, table, W), norm_weight,
+        norm_bias, out, **_embedding_constants(D_first, atoms, pairs, centres, table, W, sigma, eps),
+        num_warps=_EMBEDDING_WARPS,
     )  # fmt: skip
     return out
 
 
 @rbf_embedding.register_fake
-def _(D_first, atoms, rows, pairs, centres, classes, table, W, sigma) -> Tensor:  # noqa: ANN001
+def _(D_first, atoms, rows, pairs, centres, classes, table, W, norm_weight, norm_bias, sigma, eps) -> Tensor:  # noqa: ANN001
     return W.new_empty((D_first.shape[0], W.shape[0]))
 
 
+def _embedding_arguments(
+    D_first: Tensor,
+    atoms: Tensor,
+    rows: Tensor | None,
+    pairs: Tensor,
+    centres: Tensor,
+    classes: Tensor | None,
+    table: Tensor | None,
+    W: Tensor,
+) -> tuple:
+    """The embedding kernels' first arguments: the features', the classes', the table's and ``W``'s."""
+    return (
+        *_pointers(D_first, atoms, rows), pairs[0].contiguous(), pairs[1].contiguous(), centres,
+        *_pointers(D_first, classes, table)[1:], W.to(_dot_dtype(W.dtype)), D_first.shape[0],
+        D_first.shape[0] // atoms.shape[0],
+    )  # fmt: skip
+
+
+def _embedding_constants(
+    D_first: Tensor, atoms: Tensor, pairs: Tensor, centres: Tensor, table: Tensor | None, W: Tensor,
+    sigma: float, eps: float,
+) -> dict:  # fmt: skip
+    """The embedding kernels' compile-time constants."""
+    return {
+        "A": atoms.shape[1] // 3, "P": pairs.shape[1], "C": centres.shape[0], "H": W.shape[0], "SIGMA": sigma,
+        "EPS": eps, "HAS_TABLE": table is not None, "PAIRS": _EMBEDDING_PAIRS, "BLOCK_E": _EMBEDDING_EDGES,
+        "DOT_DTYPE": _TL_DTYPE[_dot_dtype(W.dtype)], "X_DTYPE": _TL_DTYPE[W.dtype],
+    }  # fmt: skip
+
+
+@torch.library.custom_op("dpo_inv::rbf_embedding_backward", mutates_args=())
+def rbf_embedding_backward(
+    d_out: Tensor,
+    D_first: Tensor,
+    atoms: Tensor,
+    rows: Tensor | None,
+    pairs: Tensor,
+    centres: Tensor,
+    classes: Tensor | None,
+    table: Tensor | None,
+    W: Tensor,
+    norm_weight: Tensor,
+    sigma: float,
+    eps: float,
+) -> tuple[Tensor, Tensor]:
+    """The layer norm's backward pass of :func:`rbf_embedding` on the embedding it recomputes: the gradient
+    of the embedding ``[E, H]`` in ``d_out``'s dtype and those of the norm's weight and bias ``[2, H]``
+    (fp32)."""
+    E, H = d_out.shape
+    d_embedding = torch.empty_like(d_out)
+    blocks = triton.cdiv(E, _EMBEDDING_EDGES)
+    d_norm = d_out.new_empty((blocks, 2, H), dtype=torch.float32)  # each block's sums
+    _embedding_backward_kernel[(blocks,)](
+        *_embedding_arguments(D_first, atoms, rows, pairs, centres, classes, table, W), norm_weight, d_out,
+        d_embedding, d_norm, **_embedding_constants(D_first, atoms, pairs, centres, table, W, sigma, eps),
+        num_warps=_EMBEDDING_WARPS,
+    )  # fmt: skip
+    return d_embedding, d_norm.sum(0)
+
+
+@rbf_embedding_backward.register_fake
+def _(d_out, D_first, atoms, rows, pairs, centres, classes, table, W, norm_weight, sigma, eps) -> tuple:  # noqa: ANN001
+    return torch.empty_like(d_out), d_out.new_empty((2, d_out.shape[1]), dtype=torch.float32)
+
+
 def _save_embedding(ctx, inputs: tuple, output: Tensor) -> None:  # noqa: ANN001
-    *features, classes, table, W, sigma = inputs
-    ctx.save_for_backward(*features, classes)
-    ctx.sigma, ctx.num_classes = sigma, None if table is None else table.shape[0]
+    *features, classes, table, W, norm_weight, norm_bias, sigma, eps = inputs
+    ctx.save_for_backward(*features, classes, table, W, norm_weight)
+    ctx.sigma, ctx.eps = sigma, eps
 
 
 def _embedding_gradients(ctx, d_out: Tensor) -> tuple[Tensor | None, ...]:  # noqa: ANN001
-    """``table``'s gradient as an embedding's; ``W``'s as a linear map's, from the features recomputed."""
-    *features, classes = ctx.saved_tensors
+    """The layer norm's gradients from the kernel that recomputes the embedding; then ``table``'s as an
+    embedding's and ``W``'s as a linear map's, from the features recomputed."""
+    *features, classes, table, W, norm_weight = ctx.saved_tensors
+    d_embedding, d_norm = rbf_embedding_backward(
+        d_out.contiguous(), *features, classes, table, W, norm_weight, ctx.sigma, ctx.eps
+    )
     d_table = d_W = None
-    if ctx.num_classes is not None and ctx.needs_input_grad[6]:
-        d_table = torch.ops.aten.embedding_dense_backward(d_out, classes, ctx.num_classes, -1, False)
+    if table is not None and ctx.needs_input_grad[6]:
+        d_table = torch.ops.aten.embedding_dense_backward(d_embedding, classes, table.shape[0], -1, False)
     if ctx.needs_input_grad[7]:
-        d_W = d_out.T @ rbf_features(*features, ctx.sigma, d_out.dtype)
-    return None, None, None, None, None, None, d_table, d_W, None
+        d_W = d_embedding.T @ rbf_features(*features, ctx.sigma, d_out.dtype)
+    d_norm_weight, d_norm_bias = d_norm.to(norm_weight.dtype).unbind(0)
+    return None, None, None, None, None, None, d_table, d_W, d_norm_weight, d_norm_bias, None, None
 
 
 rbf_embedding.register_autograd(_embedding_gradients, setup_context=_save_embedding)
@@ -624,6 +702,7 @@ def _configs(*shapes: tuple[int, int, int, int]) -> list:
 _RBF_EDGES = 256 if INTERPRET else 16  # edges per program of the distance features' kernel (interpreted: few)
 _EMBEDDING_EDGES = 256 if INTERPRET else 64  # and of the edge embedding's: a warpgroup's product, 64 rows
 _EMBEDDING_PAIRS = 4  # pairs of atoms whose features the edge embedding's kernel multiplies at a time
+_EMBEDDING_WARPS = 8  # on 4, its layer norm's backward kernel spills (sm_90)
 
 # each kernel is tuned once per form (flags, sequences per structure, neighbours) and dtype
 _TUNED_BY = ["K", "N", *_OPTIONAL, "EDGE_OUT", "DOT_DTYPE"]
@@ -951,14 +1030,17 @@ if triton is not None:
         return neighbour
 
     @triton.jit
-    def _embedding_kernel(
-        D_first, atoms, rows, centre_atom, neighbour_atom, centres, classes, table, W, out, E, K,
+    def _normalised_embedding(
+        D_first, atoms, rows, centre_atom, neighbour_atom, centres, classes, table, W, E, K, pid,
         A: tl.constexpr, P: tl.constexpr, C: tl.constexpr, H: tl.constexpr, SIGMA: tl.constexpr,
-        HAS_TABLE: tl.constexpr, PAIRS: tl.constexpr, BLOCK_E: tl.constexpr, DOT_DTYPE: tl.constexpr,
+        EPS: tl.constexpr, HAS_TABLE: tl.constexpr, PAIRS: tl.constexpr, BLOCK_E: tl.constexpr,
+        DOT_DTYPE: tl.constexpr, X_DTYPE: tl.constexpr,
     ):  # fmt: skip
-        """:func:`rbf_embedding`: the features of ``PAIRS`` pairs of atoms at a time, as :func:`_rbf_kernel`
-        computes them, multiplied by their columns of ``W`` as they are computed."""
-        e = tl.program_id(0) * BLOCK_E + tl.arange(0, BLOCK_E)
+        """The embedding of program ``pid``'s edges: the features of ``PAIRS`` pairs of atoms at a time, as
+        :func:`_rbf_kernel` computes them, multiplied by their columns of ``W`` as they are computed, plus
+        the classes' rows of ``table``, rounded to ``X_DTYPE`` (``W``'s); normalised ``[BLOCK_E, H]`` (fp32)
+        with the reciprocal deviations ``[BLOCK_E]``, the edges and which exist."""
+        e = pid * BLOCK_E + tl.arange(0, BLOCK_E)
         i = tl.arange(0, PAIRS)
         h = tl.arange(0, H)
         edge_on = e < E
@@ -972,7 +1054,7 @@ if triton is not None:
                 atoms, centre_atom, neighbour_atom, centre, neighbour, first, edge_on, p0 + i, mu,
                 A, P, SIGMA, BLOCK_E, PAIRS,
             )  # fmt: skip
-            values = tl.reshape(values.to(out.dtype.element_ty), [BLOCK_E, PAIRS * C])
+            values = tl.reshape(values.to(X_DTYPE), [BLOCK_E, PAIRS * C])
             f = p0 * C + tl.arange(0, PAIRS * C)
             columns = tl.load(
                 W + h[None, :] * ((P + 1) * C) + f[:, None], mask=(f < (P + 1) * C)[:, None], other=0.0
@@ -981,5 +1063,48 @@ if triton is not None:
         if HAS_TABLE:
             encoding = table + tl.load(classes + e, mask=edge_on, other=0)[:, None] * H + h[None, :]
             acc += tl.load(encoding, mask=edge_on[:, None], other=0.0).to(tl.float32)
+        x = acc.to(X_DTYPE).to(tl.float32)
+        centred = x - (tl.sum(x, 1) / H)[:, None]
+        rstd = 1.0 / tl.sqrt_rn(tl.sum(centred * centred, 1) / H + EPS)
+        return centred * rstd[:, None], rstd, e, edge_on
+
+    @triton.jit
+    def _embedding_kernel(
+        D_first, atoms, rows, centre_atom, neighbour_atom, centres, classes, table, W, E, K, norm_weight,
+        norm_bias, out, A: tl.constexpr, P: tl.constexpr, C: tl.constexpr, H: tl.constexpr,
+        SIGMA: tl.constexpr, EPS: tl.constexpr, HAS_TABLE: tl.constexpr, PAIRS: tl.constexpr,
+        BLOCK_E: tl.constexpr, DOT_DTYPE: tl.constexpr, X_DTYPE: tl.constexpr,
+    ):  # fmt: skip
+        """:func:`rbf_embedding`: the normalised embedding times the norm's weight, plus its bias."""
+        normalised, _, e, edge_on = _normalised_embedding(
+            D_first, atoms, rows, centre_atom, neighbour_atom, centres, classes, table, W, E, K,
+            tl.program_id(0), A, P, C, H, SIGMA, EPS, HAS_TABLE, PAIRS, BLOCK_E, DOT_DTYPE, X_DTYPE,
+        )  # fmt: skip
+        h = tl.arange(0, H)
+        y = normalised * tl.load(norm_weight + h).to(tl.float32) + tl.load(norm_bias + h).to(tl.float32)
         at = out + e.to(tl.int64)[:, None] * H + h[None, :]
-        tl.store(at, acc.to(out.dtype.element_ty), mask=edge_on[:, None])
+        tl.store(at, y.to(out.dtype.element_ty), mask=edge_on[:, None])
+
+    @triton.jit
+    def _embedding_backward_kernel(
+        D_first, atoms, rows, centre_atom, neighbour_atom, centres, classes, table, W, E, K, norm_weight,
+        d_out, d_embedding, d_norm, A: tl.constexpr, P: tl.constexpr, C: tl.constexpr, H: tl.constexpr,
+        SIGMA: tl.constexpr, EPS: tl.constexpr, HAS_TABLE: tl.constexpr, PAIRS: tl.constexpr,
+        BLOCK_E: tl.constexpr, DOT_DTYPE: tl.constexpr, X_DTYPE: tl.constexpr,
+    ):  # fmt: skip
+        """:func:`rbf_embedding_backward`: the layer norm's backward pass on the recomputed embedding; each
+        program writes its edges' sums of the norm's weight's and bias's gradients."""
+        pid = tl.program_id(0)
+        normalised, rstd, e, edge_on = _normalised_embedding(
+            D_first, atoms, rows, centre_atom, neighbour_atom, centres, classes, table, W, E, K, pid,
+            A, P, C, H, SIGMA, EPS, HAS_TABLE, PAIRS, BLOCK_E, DOT_DTYPE, X_DTYPE,
+        )  # fmt: skip
+        h = tl.arange(0, H)
+        at = e.to(tl.int64)[:, None] * H + h[None, :]
+        dy = tl.load(d_out + at, mask=edge_on[:, None], other=0.0).to(tl.float32)
+        g = dy * tl.load(norm_weight + h).to(tl.float32)
+        g_mean, g_projection = tl.sum(g, 1) / H, tl.sum(g * normalised, 1) / H
+        dx = rstd[:, None] * (g - g_mean[:, None] - normalised * g_projection[:, None])
+        tl.store(d_embedding + at, dx.to(d_embedding.dtype.element_ty), mask=edge_on[:, None])
+        tl.store(d_norm + pid * 2 * H + h, tl.sum(dy * normalised, 0))
+        tl.store(d_norm + (pid * 2 + 1) * H + h, tl.sum(dy, 0))
