@@ -1,7 +1,7 @@
 """The bytes a DPO step moves per pair, counted operator by operator, for the step of now and of before: the
 table of docs/benchmarks.md, "Bytes a step moves". No GPU needed.
 
-    python scripts/bytes_table.py            # 25 rows, about 40 minutes on two CPU cores
+    python scripts/bytes_table.py            # 28 rows, about 50 minutes on two CPU cores
 
 Each row is one `scripts/benchmark.py` process (one warm-up micro-batch of 2 structures of 150 residues,
 or for LigandMPNN's rows 2 of the ligand example's first pairs, of 1BC8: 93 residues with 406 context
