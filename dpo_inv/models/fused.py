@@ -14,7 +14,8 @@ visibility mask), run the MLP in registers, and write only
   :func:`edge_update` also adds them to the edges and normalises the sums (its residual and layer norm).
 
 Their backward passes recompute the MLP from the same blocks. :func:`embedded_rbf` likewise applies the edge
-embedding to the edges' distance features as it computes them from the atoms, without writing them. The
+embedding and its layer norm to the edges' distance features as it computes them from the atoms, writing
+neither the features nor the embedding; its backward pass recomputes both. The
 kernels run on CUDA devices where Triton is installed, and on the CPU under Triton's interpreter
 (``TRITON_INTERPRET=1``), where the tests compare them with the plain layers; elsewhere the layers take the
 plain path.
