@@ -55,73 +55,71 @@ FUSED, PRE = "--fused_kernels true", "--precompute_ref_log_probs"
 # embedding applied to the distance features after their kernel wrote them, the encoder layers' node sums
 # not passing their edges on (autograd adds the edge update's gradient of them to theirs), the edges'
 # embeddings normalised after their kernel
-BEFORE = frozenset(
-    {
-        "norms",
-        "features",
-        "gradients",
-        "structure",
-        "epilogue",
-        "edge blocks",
-        "edge gradients",
-        "edge update",
-        "decoder sums",
-        "embedding",
-        "edges passed",
-        "embedding norm",
-    }
-)
+CHANGES = (
+    "norms",
+    "features",
+    "gradients",
+    "structure",
+    "epilogue",
+    "edge blocks",
+    "edge gradients",
+    "edge update",
+    "decoder sums",
+    "embedding",
+    "edges passed",
+    "embedding norm",
+)  # in the order they were made
+BEFORE = frozenset(CHANGES)
+
+
+def from_on(change: str) -> frozenset[str]:
+    """What a row of the step made before ``change`` puts back: that change and those after it."""
+    return frozenset(CHANGES[CHANGES.index(change) :])
+
+
 # row: (options, what it puts back)
 ROWS = {
     "fp32": (FP32, set()),
     "bf16, plain layers, before": (BF16, {"norms"}),
     "bf16, plain layers, the edges' layer norms in bf16": (BF16, set()),
     "bf16, fused message MLPs, before": (f"{BF16} {FUSED}", BEFORE),
-    "bf16, fused, the edges' layer norms in bf16": (f"{BF16} {FUSED}", BEFORE - {"norms"}),
-    "bf16, fused, and the distance features' kernel": (f"{BF16} {FUSED}", BEFORE - {"norms", "features"}),
+    "bf16, fused, the edges' layer norms in bf16": (f"{BF16} {FUSED}", from_on("features")),
+    "bf16, fused, and the distance features' kernel": (f"{BF16} {FUSED}", from_on("gradients")),
     "bf16, fused, and the edges' gradients in bf16": (
         f"{BF16} {FUSED}",
-        BEFORE - {"norms", "features", "gradients"},
+        from_on("structure"),
     ),
     "bf16, fused, and the decoder's neighbours gathered in its kernel": (
         f"{BF16} {FUSED}",
-        BEFORE - {"norms", "features", "gradients", "structure"},
+        from_on("epilogue"),
     ),
     "bf16, fused, and the edge update's residual and layer norm in its kernel": (
         f"{BF16} {FUSED}",
-        {
-            "edge blocks",
-            "edge gradients",
-            "edge update",
-            "decoder sums",
-            "embedding",
-            "edges passed",
-            "embedding norm",
-        },
+        from_on("edge blocks"),
     ),
     "bf16, fused, and the edge blocks applied in the kernels": (
         f"{BF16} {FUSED}",
-        {"edge gradients", "edge update", "decoder sums", "embedding", "edges passed", "embedding norm"},
+        from_on("edge gradients"),
     ),
     "bf16, fused, and the edges' gradients through the edge blocks in the kernels": (
         f"{BF16} {FUSED}",
-        {"edge update", "decoder sums", "embedding", "edges passed", "embedding norm"},
+        from_on("edge update"),
     ),
     "bf16, fused, and the edge update's edge gradients in bf16": (
         f"{BF16} {FUSED}",
-        {"decoder sums", "embedding", "edges passed", "embedding norm"},
+        from_on("decoder sums"),
     ),
     "bf16, fused, and the decoder's edge gradients summed in its kernel": (
         f"{BF16} {FUSED}",
-        {"embedding", "edges passed", "embedding norm"},
+        from_on("embedding"),
     ),
     "bf16, fused, and the edge embedding in the distance features' kernel": (
         f"{BF16} {FUSED}",
-        {"edges passed", "embedding norm"},
+        from_on("edges passed"),
     ),
     "bf16, fused, and the encoder's edge gradients summed in its kernels": (
         f"{BF16} {FUSED}",
-        {"embedding norm"},
+        from_on("embedding norm"),
     ),
     "bf16, fused, and the edge embedding's layer norm in its kernel": (f"{BF16} {FUSED}", set()),
     "fp32, precomputed reference": (f"{FP32} {PRE}", set()),
@@ -130,19 +128,22 @@ ROWS = {
     "bf16, fused, precomputed reference, before": (f"{BF16} {PRE} {FUSED}", BEFORE),
     "bf16, fused, precomputed reference, before the encoder's edge gradients summed in its kernels": (
         f"{BF16} {PRE} {FUSED}",
-        {"edges passed", "embedding norm"},
+        from_on("edges passed"),
     ),
     "bf16, fused, precomputed reference, before the edge embedding's layer norm in its kernel": (
         f"{BF16} {PRE} {FUSED}",
-        {"embedding norm"},
+        from_on("embedding norm"),
     ),
     "bf16, fused, precomputed reference": (f"{BF16} {PRE} {FUSED}", set()),
     "LigandMPNN, fp32": (FP32, set()),
     "LigandMPNN, bf16, plain layers": (BF16, set()),
-    "LigandMPNN, bf16, fused, before": (f"{BF16} {FUSED}", {"atom layers", "one-hots", "embedding norm"}),
+    "LigandMPNN, bf16, fused, before": (
+        f"{BF16} {FUSED}",
+        {"atom layers", "one-hots"} | from_on("embedding norm"),
+    ),
     "LigandMPNN, bf16, fused, before the edge embeddings' layer norms in their kernel": (
         f"{BF16} {FUSED}",
-        {"embedding norm"},
+        from_on("embedding norm"),
     ),
     "LigandMPNN, bf16, fused": (f"{BF16} {FUSED}", set()),
 }
