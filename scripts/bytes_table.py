@@ -1,7 +1,7 @@
 """The bytes a DPO step moves per pair, counted operator by operator, for the step of now and of before: the
 table of docs/benchmarks.md, "Bytes a step moves". No GPU needed.
 
-    python scripts/bytes_table.py            # 28 rows, about 50 minutes on two CPU cores
+    python scripts/bytes_table.py            # 29 rows, about 55 minutes on two CPU cores
 
 Each row is one `scripts/benchmark.py` process (one warm-up micro-batch of 2 structures of 150 residues,
 or for LigandMPNN's rows 2 of the ligand example's first pairs, of 1BC8: 93 residues with 406 context
@@ -18,7 +18,8 @@ edge embedding applied after it, the encoder layers' two gradients of their edge
 LigandMPNN's atom layers' edge blocks applied before their kernels, their two gradients of the atom edges
 summed by autograd, the atom edges' embedding in plain PyTorch and its atoms' one-hot element features built
 in int64, concatenated and cast; the edges' embeddings written by their kernel, then normalised by their
-layer norms.
+layer norms; the atom edges' `y_edges` gradient taken by a product after the norm's backward kernel, from
+the embedding's gradient it wrote and the features recomputed.
 """
 
 from __future__ import annotations
@@ -54,7 +55,8 @@ FUSED, PRE = "--fused_kernels true", "--precompute_ref_log_probs"
 # update's edge gradients in fp32, the decoder's summed over its sequences in fp32 by atomic adds, the edge
 # embedding applied to the distance features after their kernel wrote them, the encoder layers' node sums
 # not passing their edges on (autograd adds the edge update's gradient of them to theirs), the edges'
-# embeddings normalised after their kernel
+# embeddings normalised after their kernel, the atom edges' weight gradient by a product after the norm's
+# backward kernel
 CHANGES = (
     "norms",
     "features",
@@ -68,6 +70,7 @@ CHANGES = (
     "embedding",
     "edges passed",
     "embedding norm",
+    "atom weight gradient",
 )  # in the order they were made
 BEFORE = frozenset(CHANGES)
 
@@ -144,6 +147,10 @@ ROWS = {
     "LigandMPNN, bf16, fused, before the edge embeddings' layer norms in their kernel": (
         f"{BF16} {FUSED}",
         from_on("embedding norm"),
+    ),
+    "LigandMPNN, bf16, fused, before the atom edges' weight gradient in the norm's backward kernel": (
+        f"{BF16} {FUSED}",
+        from_on("atom weight gradient"),
     ),
     "LigandMPNN, bf16, fused": (f"{BF16} {FUSED}", set()),
 }
@@ -261,6 +268,8 @@ def count(row: str) -> None:
                 return F.layer_norm(embedded, embedded.shape[-1:], norm_weight, norm_bias, eps)
 
         fused.rbf_embedding = normalised_after
+    if "atom weight gradient" in put_back:  # the embedding's gradient written, y_edges' by a product after
+        fused._weight_gradient_in_kernel = lambda pairs, has_table: False
     if "edge gradients" in put_back:  # the blocks' gradients written, the edges' and W_e's by matrix products
         fused._edge_gradients_in_kernel = lambda edge_out, edge_weight: False
         edge_gradients = fused._edge_gradients

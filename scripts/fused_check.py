@@ -110,7 +110,7 @@ def edge_types(edges: str) -> dict[str, str]:
         types = RBF_TYPES | {"rows": "*fp32", "classes": "*fp32", "table": "*fp32", "W": "*bf16"}
     # the layer norm's weights as CUDA's autocast gives them (bf16), the gradients' sums in fp32
     return types | {"norm_weight": "*bf16", "norm_bias": "*bf16", "d_out": "*bf16", "d_embedding": "*bf16",
-                    "d_norm": "*fp32"}  # fmt: skip
+                    "d_norm": "*fp32", "d_W": "*fp32"}  # fmt: skip
 
 
 def compiled_rbf(arch: int, edges: str) -> dict[str, int]:
@@ -129,8 +129,11 @@ def compiled_embedding(arch: int, edges: str, backward: bool) -> dict[str, int]:
     statistics."""
     A, P, table = EDGES[edges]
     constants = {"A": A, "P": P, "C": 16, "H": 128, "SIGMA": 1.25, "EPS": 1e-5, "HAS_TABLE": table,
-                 "PAIRS": fused._EMBEDDING_PAIRS, "BLOCK_E": fused._EMBEDDING_EDGES,
+                 "PAIRS": fused._embedding_pairs(P), "BLOCK_E": fused._EMBEDDING_EDGES,
                  "DOT_DTYPE": tl.bfloat16, "X_DTYPE": tl.bfloat16}  # fmt: skip
+    if backward:
+        constants["W_GRADIENT"] = fused._weight_gradient_in_kernel(P, table)
+        constants["BLOCK_E"] = fused._backward_edges(P, table)
     options = {"num_warps": fused._EMBEDDING_WARPS, "num_stages": 1}
     kernel = fused._embedding_backward_kernel if backward else fused._embedding_kernel
     return ptxas_stats(kernel, constants, edge_types(edges), True, arch, options)
@@ -209,12 +212,19 @@ def compile_all(forms: list[str], arch: int, only: triton.Config | None = None) 
                 print(f"{kernel:8s} {form:11s} {shape}: shared {stats['shared'] / 1024:.0f} KB, "
                       f"{stats['registers']} registers, {stats['spilled']} bytes spilled, "
                       f"{stats['in_loops']} spill accesses in loops", flush=True)  # fmt: skip
-    for edges in EDGES:
-        embedding = (fused._EMBEDDING_EDGES, fused._EMBEDDING_WARPS)
+    for edges, (_, P, table) in EDGES.items():
         for name, stats, (tile, warps) in (
             ("rbf", compiled_rbf(arch, edges), (fused._RBF_EDGES, 4)),
-            ("embedding", compiled_embedding(arch, edges, False), embedding),
-            ("norm_back", compiled_embedding(arch, edges, True), embedding),
+            (
+                "embedding",
+                compiled_embedding(arch, edges, False),
+                (fused._EMBEDDING_EDGES, fused._EMBEDDING_WARPS),
+            ),
+            (
+                "norm_back",
+                compiled_embedding(arch, edges, True),
+                (fused._backward_edges(P, table), fused._EMBEDDING_WARPS),
+            ),
         ):
             fits &= stats["shared"] <= 1024 * SHARED_MEMORY_KB.get(arch, 99)
             print(f"{name:9s} {edges:10s} {tile} edges, {warps} warps: shared "

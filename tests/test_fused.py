@@ -420,8 +420,10 @@ def test_the_atom_edges_embedding_kernel_equals_the_plain_features():
     its 25 fellow atoms): the embedding of their RBF-expanded distances and its layer norm by the same kernel
     as the backbone edges', without pairs of atoms or positional encodings. In fp32 the plain path's values
     and `y_edges`'s and the norm's gradients (to 1e-5), with no features or embedding kept for the backward
-    pass; under bf16 autocast within bf16 rounding, the gradients as the first test's; `opcheck` of the three
-    operators without the neighbours' rows, the classes and the table."""
+    pass, and none written by it: the norm's backward kernel takes `y_edges`'s gradient itself, where the
+    plain path writes the features again and the embedding's gradient; under bf16 autocast within bf16
+    rounding, the gradients as the first test's; `opcheck` of the three operators without the neighbours'
+    rows, the classes and the table."""
     torch.manual_seed(0)
     model = load_model("ligand/v_32_010_25").eval()
     batch = structure_inputs(designed("ligand/v_32_010_25"))
@@ -434,24 +436,30 @@ def test_the_atom_edges_embedding_kernel_equals_the_plain_features():
     learnt = [features.y_edges.weight, features.norm_y_edges.weight, features.norm_y_edges.bias]
     d_out = torch.randn(*D.shape, H)
 
-    def embedded(fuse: bool) -> tuple[torch.Tensor, list[torch.Tensor], list[int]]:
+    def embedded(fuse: bool) -> tuple[torch.Tensor, list[torch.Tensor], list[int], int]:
+        """The output, the gradients, the sizes of the tensors kept for the backward pass and of the
+        largest one it writes."""
         features.fused = fuse
         sizes = []
         with torch.autograd.graph.saved_tensors_hooks(lambda x: sizes.append(x.numel()) or x, lambda x: x):
             out = features._atom_edges(D, Y)
-        return out, torch.autograd.grad(out, learnt, d_out.to(out.dtype)), sizes
+        d_in = d_out.to(out.dtype)
+        with Written() as written:
+            grads = torch.autograd.grad(out, learnt, d_in)
+        return out, grads, sizes, written.largest
 
-    plain, plain_grads, plain_saved = embedded(False)
-    got, grads, saved = embedded(True)
+    plain, plain_grads, plain_saved, plain_written = embedded(False)
+    got, grads, saved, written = embedded(True)
     # the plain path keeps the features and the embedding; the kernel the distances
     assert {D.numel() * 16, D.numel() * H} <= set(plain_saved) and max(saved) == D.numel()
+    assert plain_written == D.numel() * H and written < D.numel()  # a value per edge: [E, H] and [E, 16]
     assert got.shape == plain.shape == (1, 93, 25, 25, H) and got.dtype == torch.float32
     assert relative(got, plain) < 1e-6
     for a, b in zip(grads, plain_grads, strict=True):  # the norm's: sums over 58,125 edges in another order
         assert relative(a, b) < 1e-5
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        _, autocast_grads, _ = embedded(False)
-        low, low_grads, _ = embedded(True)
+        _, autocast_grads, _, _ = embedded(False)
+        low, low_grads, _, _ = embedded(True)
     assert low.dtype == torch.bfloat16 and relative(low, plain) < 2**-7
     for a, b, want, x in zip(low_grads, autocast_grads, plain_grads, learnt, strict=True):
         assert a.dtype == x.dtype and relative(a, want) <= 2 * relative(b, want)
@@ -479,6 +487,22 @@ def designed(name: str) -> dict[str, torch.Tensor]:
     design = ["C"] if name.startswith("ligand") else ["A"]
     fixed = [chain for chain in parse_structure(path, options) if chain not in design]
     return collate([prepare_design(path, design, fixed, {}, options).example])
+
+
+class Written(TorchDispatchMode):
+    """The size of the largest tensor an operator writes (views of its inputs left out)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.largest = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+        out = func(*args, **(kwargs or {}))
+        inputs = {x.untyped_storage().data_ptr() for x in args if isinstance(x, torch.Tensor)}
+        for x in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(x, torch.Tensor) and x.untyped_storage().data_ptr() not in inputs:
+                self.largest = max(self.largest, x.numel())
+        return out
 
 
 class EdgeGradientSums(TorchDispatchMode):

@@ -585,8 +585,9 @@ def _embedding_constants(
     """The embedding kernels' compile-time constants."""
     return {
         "A": atoms.shape[1] // 3, "P": pairs.shape[1], "C": centres.shape[0], "H": W.shape[0], "SIGMA": sigma,
-        "EPS": eps, "HAS_TABLE": table is not None, "PAIRS": _EMBEDDING_PAIRS, "BLOCK_E": _EMBEDDING_EDGES,
-        "DOT_DTYPE": _TL_DTYPE[_dot_dtype(W.dtype)], "X_DTYPE": _TL_DTYPE[W.dtype],
+        "EPS": eps, "HAS_TABLE": table is not None, "PAIRS": _embedding_pairs(pairs.shape[1]),
+        "BLOCK_E": _EMBEDDING_EDGES, "DOT_DTYPE": _TL_DTYPE[_dot_dtype(W.dtype)],
+        "X_DTYPE": _TL_DTYPE[W.dtype],
     }  # fmt: skip
 
 
@@ -604,25 +605,52 @@ def rbf_embedding_backward(
     norm_weight: Tensor,
     sigma: float,
     eps: float,
-) -> tuple[Tensor, Tensor]:
+) -> tuple[Tensor, Tensor, Tensor]:
     """The layer norm's backward pass of :func:`rbf_embedding` on the embedding it recomputes: the gradient
-    of the embedding ``[E, H]`` in ``d_out``'s dtype and those of the norm's weight and bias ``[2, H]``
-    (fp32)."""
+    of the embedding ``[E, H]`` in ``d_out``'s dtype, those of the norm's weight and bias ``[2, H]`` (fp32)
+    and ``W``'s in its dtype. Where the kernel takes ``W``'s itself (:func:`_weight_gradient_in_kernel`) the
+    embedding's is empty, not written; else ``W``'s is empty, for a product with the recomputed features."""
     E, H = d_out.shape
-    d_embedding = torch.empty_like(d_out)
-    blocks = triton.cdiv(E, _EMBEDDING_EDGES)
-    d_norm = d_out.new_empty((blocks, 2, H), dtype=torch.float32)  # each block's sums
-    _embedding_backward_kernel[(blocks,)](
+    in_kernel = _weight_gradient_in_kernel(pairs.shape[1], table is not None)
+    d_embedding = d_out.new_empty(0) if in_kernel else torch.empty_like(d_out)
+    constants = _embedding_constants(D_first, atoms, pairs, centres, table, W, sigma, eps)
+    constants["BLOCK_E"] = _backward_edges(pairs.shape[1], table is not None)
+    programs = triton.cdiv(E, constants["BLOCK_E"])
+    if in_kernel:  # persistent programs, each summing W's gradient over its blocks
+        programs = min(programs, _num_programs(d_out.device))
+    d_norm = d_out.new_empty((programs, 2, H), dtype=torch.float32)  # each program's sums
+    d_W = d_out.new_empty((programs, *W.shape) if in_kernel else (0,), dtype=torch.float32)
+    _embedding_backward_kernel[(programs,)](
         *_embedding_arguments(D_first, atoms, rows, pairs, centres, classes, table, W), norm_weight, d_out,
-        d_embedding, d_norm, **_embedding_constants(D_first, atoms, pairs, centres, table, W, sigma, eps),
-        num_warps=_EMBEDDING_WARPS,
+        d_embedding, d_norm, d_W, W_GRADIENT=in_kernel, num_warps=_EMBEDDING_WARPS, **constants,
     )  # fmt: skip
-    return d_embedding, d_norm.sum(0)
+    return d_embedding, d_norm.sum(0), d_W.sum(0).to(W.dtype) if in_kernel else W.new_empty(0)
 
 
 @rbf_embedding_backward.register_fake
 def _(d_out, D_first, atoms, rows, pairs, centres, classes, table, W, norm_weight, sigma, eps) -> tuple:  # noqa: ANN001
-    return torch.empty_like(d_out), d_out.new_empty((2, d_out.shape[1]), dtype=torch.float32)
+    in_kernel = _weight_gradient_in_kernel(pairs.shape[1], table is not None)
+    d_embedding = d_out.new_empty(0) if in_kernel else torch.empty_like(d_out)
+    d_norm = d_out.new_empty((2, d_out.shape[1]), dtype=torch.float32)
+    return d_embedding, d_norm, torch.empty_like(W) if in_kernel else W.new_empty(0)
+
+
+def _weight_gradient_in_kernel(pairs: int, has_table: bool) -> bool:
+    """Whether the layer norm's backward kernel takes ``W``'s gradient itself, summing it over its edges in
+    registers: where the features of the distances and ``pairs`` pairs of atoms are one tile
+    (:func:`_embedding_pairs`; LigandMPNN's atom edges: 16 features) and no table needs the embedding's
+    gradient, which the kernel then does not write."""
+    return not has_table and pairs < _EMBEDDING_PAIRS
+
+
+def _backward_edges(pairs: int, has_table: bool) -> int:
+    """Edges per block of the layer norm's backward kernel."""
+    return _SUMMING_EDGES if _weight_gradient_in_kernel(pairs, has_table) else _EMBEDDING_EDGES
+
+
+def _embedding_pairs(pairs: int) -> int:
+    """How many of the features' ``1 + pairs`` distances the embedding's kernels take at a time."""
+    return min(_EMBEDDING_PAIRS, triton.next_power_of_2(pairs + 1))
 
 
 def _save_embedding(ctx, inputs: tuple, output: Tensor) -> None:  # noqa: ANN001
@@ -632,16 +660,18 @@ def _save_embedding(ctx, inputs: tuple, output: Tensor) -> None:  # noqa: ANN001
 
 
 def _embedding_gradients(ctx, d_out: Tensor) -> tuple[Tensor | None, ...]:  # noqa: ANN001
-    """The layer norm's gradients from the kernel that recomputes the embedding; then ``table``'s as an
-    embedding's and ``W``'s as a linear map's, from the features recomputed."""
+    """The layer norm's gradients from the kernel that recomputes the embedding, and ``W``'s where it takes
+    them; else ``table``'s as an embedding's and ``W``'s as a linear map's, from the features recomputed."""
     *features, classes, table, W, norm_weight = ctx.saved_tensors
-    d_embedding, d_norm = rbf_embedding_backward(
+    d_embedding, d_norm, d_W = rbf_embedding_backward(
         d_out.contiguous(), *features, classes, table, W, norm_weight, ctx.sigma, ctx.eps
     )
-    d_table = d_W = None
+    d_table = None
     if table is not None and ctx.needs_input_grad[6]:
         d_table = torch.ops.aten.embedding_dense_backward(d_embedding, classes, table.shape[0], -1, False)
-    if ctx.needs_input_grad[7]:
+    if not ctx.needs_input_grad[7]:
+        d_W = None
+    elif not _weight_gradient_in_kernel(features[3].shape[1], table is not None):
         d_W = d_embedding.T @ rbf_features(*features, ctx.sigma, d_out.dtype)
     d_norm_weight, d_norm_bias = d_norm.to(norm_weight.dtype).unbind(0)
     return None, None, None, None, None, None, d_table, d_W, d_norm_weight, d_norm_bias, None, None
@@ -702,6 +732,8 @@ def _configs(*shapes: tuple[int, int, int, int]) -> list:
 
 _RBF_EDGES = 256 if INTERPRET else 16  # edges per program of the distance features' kernel (interpreted: few)
 _EMBEDDING_EDGES = 256 if INTERPRET else 64  # and of the edge embedding's: a warpgroup's product, 64 rows
+_SUMMING_EDGES = 256 if INTERPRET else 32  # and of its norm's backward kernel where it sums W's gradient (on
+# sm_90 128 registers a thread, two programs a multiprocessor; at 64 edges, 255 and spilled)
 _EMBEDDING_PAIRS = 4  # pairs of atoms whose features the edge embedding's kernel multiplies at a time
 _EMBEDDING_WARPS = 8  # on 4, its layer norm's backward kernel spills (sm_90)
 
@@ -1087,25 +1119,74 @@ if triton is not None:
         tl.store(at, y.to(out.dtype.element_ty), mask=edge_on[:, None])
 
     @triton.jit
-    def _embedding_backward_kernel(
+    def _norm_backward(
         D_first, atoms, rows, centre_atom, neighbour_atom, centres, classes, table, W, E, K, norm_weight,
-        d_out, d_embedding, d_norm, A: tl.constexpr, P: tl.constexpr, C: tl.constexpr, H: tl.constexpr,
-        SIGMA: tl.constexpr, EPS: tl.constexpr, HAS_TABLE: tl.constexpr, PAIRS: tl.constexpr,
-        BLOCK_E: tl.constexpr, DOT_DTYPE: tl.constexpr, X_DTYPE: tl.constexpr,
+        d_out, block, A: tl.constexpr, P: tl.constexpr, C: tl.constexpr, H: tl.constexpr, SIGMA: tl.constexpr,
+        EPS: tl.constexpr, HAS_TABLE: tl.constexpr, PAIRS: tl.constexpr, BLOCK_E: tl.constexpr,
+        DOT_DTYPE: tl.constexpr, X_DTYPE: tl.constexpr,
     ):  # fmt: skip
-        """:func:`rbf_embedding_backward`: the layer norm's backward pass on the recomputed embedding; each
-        program writes its edges' sums of the norm's weight's and bias's gradients."""
-        pid = tl.program_id(0)
+        """The layer norm's backward pass on the recomputed embedding of a block of edges: the embedding's
+        gradient ``[BLOCK_E, H]`` (rounded to ``X_DTYPE``), the edges' sums of the norm's weight's and bias's
+        gradients ``[H]``, the edges and which exist."""
         normalised, rstd, e, edge_on = _normalised_embedding(
-            D_first, atoms, rows, centre_atom, neighbour_atom, centres, classes, table, W, E, K, pid,
+            D_first, atoms, rows, centre_atom, neighbour_atom, centres, classes, table, W, E, K, block,
             A, P, C, H, SIGMA, EPS, HAS_TABLE, PAIRS, BLOCK_E, DOT_DTYPE, X_DTYPE,
         )  # fmt: skip
         h = tl.arange(0, H)
-        at = e.to(tl.int64)[:, None] * H + h[None, :]
-        dy = tl.load(d_out + at, mask=edge_on[:, None], other=0.0).to(tl.float32)
+        dy = tl.load(d_out + e.to(tl.int64)[:, None] * H + h[None, :], mask=edge_on[:, None], other=0.0)
+        dy = dy.to(tl.float32)
         g = dy * tl.load(norm_weight + h).to(tl.float32)
         g_mean, g_projection = tl.sum(g, 1) / H, tl.sum(g * normalised, 1) / H
         dx = rstd[:, None] * (g - g_mean[:, None] - normalised * g_projection[:, None])
-        tl.store(d_embedding + at, dx.to(d_embedding.dtype.element_ty), mask=edge_on[:, None])
-        tl.store(d_norm + pid * 2 * H + h, tl.sum(dy * normalised, 0))
-        tl.store(d_norm + (pid * 2 + 1) * H + h, tl.sum(dy, 0))
+        return dx.to(X_DTYPE), tl.sum(dy * normalised, 0), tl.sum(dy, 0), e, edge_on
+
+    @triton.jit
+    def _embedding_backward_kernel(
+        D_first, atoms, rows, centre_atom, neighbour_atom, centres, classes, table, W, E, K, norm_weight,
+        d_out, d_embedding, d_norm, d_W, A: tl.constexpr, P: tl.constexpr, C: tl.constexpr, H: tl.constexpr,
+        SIGMA: tl.constexpr, EPS: tl.constexpr, HAS_TABLE: tl.constexpr, PAIRS: tl.constexpr,
+        BLOCK_E: tl.constexpr, DOT_DTYPE: tl.constexpr, X_DTYPE: tl.constexpr, W_GRADIENT: tl.constexpr,
+    ):  # fmt: skip
+        """:func:`rbf_embedding_backward`: the layer norm's backward pass on the recomputed embedding. Each
+        program writes the embedding's gradient of its block of edges and the block's sums of the norm's
+        weight's and bias's gradients; with ``W_GRADIENT`` it takes every ``num_programs``-th block from its
+        own instead, and writes its sums of those and of ``W``'s (the features of the ``PAIRS`` pairs of
+        atoms, recomputed, times the embedding's gradient)."""
+        pid = tl.program_id(0)
+        h = tl.arange(0, H)
+        if W_GRADIENT:
+            i = tl.arange(0, PAIRS)
+            f = tl.arange(0, PAIRS * C)
+            mu = tl.load(centres + tl.arange(0, C))
+            d_weight = tl.zeros([H], dtype=tl.float32)
+            d_bias = tl.zeros([H], dtype=tl.float32)
+            d_columns = tl.zeros([H, PAIRS * C], dtype=tl.float32)
+            for block in range(pid, tl.cdiv(E, BLOCK_E), tl.num_programs(0)):
+                dx, d_weight_block, d_bias_block, e, edge_on = _norm_backward(
+                    D_first, atoms, rows, centre_atom, neighbour_atom, centres, classes, table, W, E, K,
+                    norm_weight, d_out, block, A, P, C, H, SIGMA, EPS, HAS_TABLE, PAIRS, BLOCK_E, DOT_DTYPE,
+                    X_DTYPE,
+                )  # fmt: skip
+                d_weight += d_weight_block
+                d_bias += d_bias_block
+                centre = (e // K).to(tl.int64)  # the features again, as the plain path's product reads them
+                neighbour = _neighbour_rows(rows, e, edge_on, centre, P)
+                first = tl.load(D_first + e, mask=edge_on, other=0.0)
+                values = _rbf_values(
+                    atoms, centre_atom, neighbour_atom, centre, neighbour, first, edge_on, i, mu,
+                    A, P, SIGMA, BLOCK_E, PAIRS,
+                )  # fmt: skip
+                values = tl.reshape(values.to(X_DTYPE), [BLOCK_E, PAIRS * C])
+                d_columns += _dot(tl.trans(dx), values, DOT_DTYPE)
+            at = d_W + pid * H * ((P + 1) * C) + h[:, None] * ((P + 1) * C) + f[None, :]
+            tl.store(at, d_columns, mask=(f < (P + 1) * C)[None, :])
+        else:
+            dx, d_weight, d_bias, e, edge_on = _norm_backward(
+                D_first, atoms, rows, centre_atom, neighbour_atom, centres, classes, table, W, E, K,
+                norm_weight, d_out, pid, A, P, C, H, SIGMA, EPS, HAS_TABLE, PAIRS, BLOCK_E, DOT_DTYPE,
+                X_DTYPE,
+            )  # fmt: skip
+            at = d_embedding + e.to(tl.int64)[:, None] * H + h[None, :]
+            tl.store(at, dx.to(d_embedding.dtype.element_ty), mask=edge_on[:, None])
+        tl.store(d_norm + pid * 2 * H + h, d_weight)
+        tl.store(d_norm + (pid * 2 + 1) * H + h, d_bias)
