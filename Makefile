@@ -84,7 +84,7 @@ adapt-example: setup
 TEST_WORKERS ?= 2
 test: setup
 	$(PY) -m ruff check dpo_inv tests scripts
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 # the inner loop: every module's core, without the tests marked slow (training runs, several processes, ...)
 test-fast: setup

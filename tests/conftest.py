@@ -79,6 +79,21 @@ def pytest_configure() -> None:
         torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 
+# The test files that take longest, longest first (`pytest --durations`): `make test` hands whole files to its
+# workers in the order collected (--dist loadfile --no-loadscope-reorder), and a long file handed out last
+# would run alone at the end while the other worker waits
+LONGEST_FILES = ["test_tour.py", "test_unpaired_and_residue.py", "test_propose.py", "test_train.py",
+                 "test_rounds.py", "test_peft.py", "test_fused.py", "test_reliability.py",
+                 "test_bad_input.py", "test_notebook.py"]  # fmt: skip
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    if missing := [name for name in LONGEST_FILES if not (ROOT / "tests" / name).is_file()]:
+        raise pytest.UsageError(f"tests/conftest.py: LONGEST_FILES names no file {missing}: update it")
+    rank = {name: i for i, name in enumerate(LONGEST_FILES)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
+
+
 # `make test-fast` (-m "not slow") fails when a test not marked slow runs longer: mark it, or speed it up
 UNMARKED_LIMIT_S = float(os.environ.get("UNMARKED_LIMIT_S", 10.0))  # lower in test_fast_suite's own runs
 too_slow: list[str] = []
