@@ -5,10 +5,17 @@ and how long each takes; or, on any machine, what each compiles to for a GPU.
                                              # residues, 48 neighbours, 2 sequences each, bf16
     python scripts/fused_check.py --compile_only   # no GPU needed: every kernel, form and autotuned
                                                    # config compiled for an H100/H200 (sm_90)
+    python scripts/fused_check.py --warm_cache --forms decoder encoder "edge update"
+                                             # every autotuned config of ProteinMPNN's forms compiled into
+                                             # Triton's cache, a process per config side by side
 
 For each form the layers use it prints the relative error of the fused forward and gradients against the
 plain PyTorch computation in fp32, the time of forward + backward of each path (CUDA events, median) and the
 configs the autotuner chose.
+With `--warm_cache` it only runs each form forward (with and without autograd) and backward once per
+autotuned config, each config in a process of its own, so that Triton's cache (`~/.triton/cache`) holds
+every config: a later process's autotuner then times the configs without compiling them one after another
+(about 40 kernels for ProteinMPNN's forms, a few seconds each). On a CPU it runs under Triton's interpreter.
 With `--compile_only` it compiles each kernel with Triton's compiler and the `ptxas` Triton ships, for the
 GPU architecture `--arch` (90: Hopper), as the layers launch it under bf16 autocast (per-edge blocks and
 weight matrices in bf16, 48 neighbours; LigandMPNN's context layers 25), and prints per config the shared
@@ -20,10 +27,12 @@ is used.
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import re
 import subprocess
 import tempfile
 from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import torch
@@ -272,8 +281,9 @@ def fused_form(
     return fused.edge_update(*mlp, edges, *norm, 1e-5, W_e=W_e)
 
 
-def check(form: str, B: int, L: int, K: int, device: torch.device) -> str:
-    """One form on random inputs of B structures of L residues: errors and timings, as a line."""
+def form_inputs(form: str, B: int, L: int, K: int, device: torch.device) -> tuple[dict, tuple[str, ...]]:
+    """Random inputs of one form for B structures of L residues (fp32), and the names of those learnt (they
+    require a gradient)."""
     H, N, R = 128, FORMS[form][0], B * L
     K = FORMS[form][1] if "context" in form else K  # a context layer's entries, not --neighbours
     generator = torch.Generator(device).manual_seed(0)
@@ -296,12 +306,24 @@ def check(form: str, B: int, L: int, K: int, device: torch.device) -> str:
     learnt += ("W3", "b3", "norm_weight", "norm_bias") if form == "edge update" else ()
     for name in learnt:
         tensors[name].requires_grad_()
+    return tensors, learnt
+
+
+def bf16_blocks(tensors: dict) -> dict:
+    """The inputs with the per-edge and per-node blocks in bf16, as the layers hand them under autocast."""
+    blocks = ("edges", "nodes", "table", "shared")
+    return {n: (t.detach().bfloat16().requires_grad_() if n in blocks else t) for n, t in tensors.items()}
+
+
+def check(form: str, B: int, L: int, K: int, device: torch.device) -> str:
+    """One form on random inputs of B structures of L residues: errors and timings, as a line."""
+    N, R = FORMS[form][0], B * L
+    K = FORMS[form][1] if "context" in form else K
+    tensors, learnt = form_inputs(form, B, L, K, device)
     expected = plain(form, **tensors)
     grad = torch.randn_like(expected)
     expected_grads = torch.autograd.grad(expected, [tensors[name] for name in learnt], grad)
-    blocks = ("edges", "nodes", "table", "shared")
-    half = {n: (t.detach().bfloat16().requires_grad_() if n in blocks else t)
-            for n, t in tensors.items()}  # fmt: skip
+    half = bf16_blocks(tensors)
     leaves = [half[name] for name in learnt]
     out = fused_form(form, **half)
     grads = torch.autograd.grad(out, leaves, grad.to(out.dtype))
@@ -327,6 +349,36 @@ def check(form: str, B: int, L: int, K: int, device: torch.device) -> str:
         f"fused {fused_ms:.2f} ms ({plain_ms / fused_ms:.2f}x); tuned: forward "
         f"{described(fused._forward_kernel.best_config)}, "
         f"backward {described(fused._backward_kernel.best_config)}"
+    )
+
+
+def warm_cache(forms: list[str], B: int, L: int, K: int) -> None:
+    """Every autotuned config of the message kernels in ``forms`` compiled into Triton's cache, a process per
+    config side by side (the edge embedding's kernels, with one config each, are left to the first use)."""
+    count = max(len(kernel.configs) for kernel in KERNELS.values())
+    context = multiprocessing.get_context("spawn")  # a CUDA context per process
+    shapes = [(forms, B, L, K)] * count
+    with ProcessPoolExecutor(count, mp_context=context) as pool:
+        for line in pool.map(warm_config, range(count), *zip(*shapes, strict=True)):
+            print(line, flush=True)
+
+
+def warm_config(i: int, forms: list[str], B: int, L: int, K: int) -> str:
+    """Each form forward, with and without autograd (the edge update keeps its norm's inputs only with),
+    and backward, with the ``i``-th config of each kernel alone (one config: the autotuner launches it
+    without timing), as a line."""
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    for kernel in KERNELS.values():
+        kernel.configs = [kernel.configs[i % len(kernel.configs)]]
+    for form in forms:
+        tensors, learnt = form_inputs(form, B, L, FORMS[form][1] if "context" in form else K, device)
+        half = bf16_blocks(tensors)
+        out = fused_form(form, **half)
+        torch.autograd.grad(out, [half[name] for name in learnt], torch.ones_like(out))
+        with torch.no_grad():
+            fused_form(form, **half)
+    return f"warm: {', '.join(forms)}: forward {described(fused._forward_kernel.configs[0])}, backward " + (
+        described(fused._backward_kernel.configs[0])
     )
 
 
@@ -379,7 +431,13 @@ def main() -> None:
         metavar="M,K,WARPS,STAGES",
         help="With --compile_only: this config alone (BLOCK_M, BLOCK_K, warps, stages).",
     )
+    parser.add_argument(
+        "--warm_cache", action="store_true", help="Every autotuned config into Triton's cache."
+    )
     args = parser.parse_args()
+    if args.warm_cache:
+        warm_cache(args.forms, args.structures, args.length, args.neighbours)
+        return
     if args.compile_only:
         only = None
         if args.config:

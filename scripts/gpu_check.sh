@@ -1,18 +1,20 @@
 #!/usr/bin/env bash
 # Device check on one GPU (H100/H200): DPO training-step speed with the fused message kernels off ("before",
-# the plain PyTorch layers) and on, side by side, in about 5 minutes; first, the CUDA graphs of the step
-# against the plain step (scripts/graphs_check.py: equality and speed, fp32 and bf16, bf16 with the fused
-# kernels off and on, batches 8 and 32; up to 3 x 75 s more), and the fused kernels against the plain computation, layer by layer
-# (scripts/fused_check.py: errors, times and the configs the autotuner chose; up to 120 s more). Prints a
-# table last: pairs/s, GPU busy share, peak memory and the bytes moved per second (GB/s: pairs/s x the
-# megabytes per pair the benchmark counts) for each configuration and batch, fused off and on,
-# and the speed-up.
+# the plain PyTorch layers) and on, side by side, in about 5 minutes. First, every autotuned config of the
+# fused kernels compiled into Triton's cache, a process per config side by side (scripts/fused_check.py
+# --warm_cache; up to 90 s), so that no timed process spends its time limit compiling them one by one; then
+# the CUDA graphs of the step against the plain step (scripts/graphs_check.py: equality and speed, fp32 and
+# bf16, bf16 with the fused kernels off and on, batches 8 and 32; up to 3 x 75 s more), and the fused kernels
+# against the plain computation, layer by layer (scripts/fused_check.py: errors, times and the configs the
+# autotuner chose; up to 120 s more). Prints a table last: pairs/s, GPU busy share, peak memory and the bytes
+# moved per second (GB/s: pairs/s x the megabytes per pair the benchmark counts) for each configuration and
+# batch, fused off and on, and the speed-up.
 #
-#     bash scripts/gpu_check.sh                    # the graphs, then the whole matrix
+#     bash scripts/gpu_check.sh                    # the kernels compiled, the graphs, the layers, the matrix
 #     SMOKE=1 bash scripts/gpu_check.sh            # tiny, on a CPU too: 1 step, batch 2, length 30, no compile
 #     MODES=on COMPILE=0 bash scripts/gpu_check.sh # only the fused kernels, no torch.compile run
 #     MATRIX=0 COMPILE=0 bash scripts/gpu_check.sh # the CUDA graphs and the fused kernels' layers alone
-#                                                  # (at most 6 minutes)
+#                                                  # (at most 7.5 minutes)
 #
 # The matrix. Each of fp32 (--mixed_precision no) and bf16, without and with --precompute_ref_log_probs, is
 # one scripts/benchmark.py process per mode (one model load): the pairs file at batches 8 and 32, then
@@ -35,7 +37,7 @@
 #   GRAPHS (1; 0: no CUDA-graph check)  GRAPHS_BATCHES ("8 32")  GRAPHS_MODES ("off on": the fused kernels'
 #               modes graphed in bf16 and fp16, in one process; fp32 graphs them off)  GRAPHS_TIMEOUT (75 s per
 #               precision and mode)
-#   FUSED (1; 0: no fused_check.py)  FUSED_TIMEOUT (120 s)
+#   FUSED (1; 0: no fused_check.py)  FUSED_TIMEOUT (120 s)  WARM (1; 0: no compiling ahead)  WARM_TIMEOUT (90 s)
 #   RUN_TIMEOUT (75 s per process)  COMPILE_TIMEOUT (150 s per compiled process)  BUDGET_S (330 s for the
 #               whole script: a process is stopped at the deadline, those after it are skipped; the compiled
 #               runs have 2 x 60 s kept for them and share what is left equally)
@@ -59,7 +61,7 @@ START=$SECONDS
 if [ -n "${SMOKE:-}" ]; then
     STEPS=${STEPS:-1} WARMUP=${WARMUP:-1} MIN_SECONDS=${MIN_SECONDS:-0} FILE_BATCHES=${FILE_BATCHES:-2}
     LENGTH=${LENGTH:-30} LENGTH_BATCHES=${LENGTH_BATCHES:-2} COMPILE=${COMPILE:-0} COMPILE_BATCH=${COMPILE_BATCH:-2}
-    NUM_PAIRS=${NUM_PAIRS:-8} GRAPHS=${GRAPHS:-0} FUSED=${FUSED:-0}
+    NUM_PAIRS=${NUM_PAIRS:-8} GRAPHS=${GRAPHS:-0} FUSED=${FUSED:-0} WARM=${WARM:-0}
 fi
 MODES=${MODES:-off on}
 STEPS=${STEPS:-10} WARMUP=${WARMUP:-3} MIN_SECONDS=${MIN_SECONDS:-1}
@@ -68,7 +70,7 @@ PRECISIONS=${PRECISIONS:-no bf16} PRECOMPUTE=${PRECOMPUTE:-false true} NUM_PAIRS
 COMPILE=${COMPILE:-1} COMPILE_BATCH=${COMPILE_BATCH:-32} COMPILE_MODES=${COMPILE_MODES:-off} MATRIX=${MATRIX:-1}
 GRAPHS=${GRAPHS:-1} GRAPHS_BATCHES=${GRAPHS_BATCHES:-8 32} GRAPHS_MODES=${GRAPHS_MODES:-off on}
 GRAPHS_TIMEOUT=${GRAPHS_TIMEOUT:-75}
-FUSED=${FUSED:-1} FUSED_TIMEOUT=${FUSED_TIMEOUT:-120}
+FUSED=${FUSED:-1} FUSED_TIMEOUT=${FUSED_TIMEOUT:-120} WARM=${WARM:-1} WARM_TIMEOUT=${WARM_TIMEOUT:-90}
 RUN_TIMEOUT=${RUN_TIMEOUT:-75} COMPILE_TIMEOUT=${COMPILE_TIMEOUT:-150} BUDGET_S=${BUDGET_S:-330}
 OUT_DIR=${OUT:-outputs/gpu_check}
 WORK=${WORK:-${TMPDIR:-/tmp}/gpu_check_work}
@@ -163,6 +165,15 @@ run() {
         "$compiled" "$file_batches" "$LENGTH" "$length_batches"
 }
 
+# Every autotuned config of ProteinMPNN's fused kernels compiled into Triton's cache (outside BUDGET_S)
+if [ "$WARM" = 1 ]; then
+    begin=$SECONDS
+    timeout --kill-after=10 "$WARM_TIMEOUT" "$PYTHON" scripts/fused_check.py --warm_cache \
+        --forms decoder encoder "edge update" --structures 2 --length 64 >"$OUT_DIR/logs/warm.out" 2>"$OUT_DIR/logs/warm.log"
+    echo "[warm] rc $? in $((SECONDS - begin))s"
+    cat "$OUT_DIR/logs/warm.out"
+    [ -s "$OUT_DIR/logs/warm.out" ] || tail -n 6 "$OUT_DIR/logs/warm.log" | sed 's/^/    /'
+fi
 # CUDA graphs: the plain step and its graphs on the same micro-batches, compared and timed (outside BUDGET_S)
 if [ "$GRAPHS" = 1 ]; then
     for precision in $PRECISIONS; do

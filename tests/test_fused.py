@@ -90,6 +90,21 @@ def test_the_kernels_compile_for_an_h100_on_a_machine_without_one():
         assert spilled == 0 or line.startswith("backward decoder"), line
 
 
+@interpreted
+def test_the_device_checks_warm_up_runs_each_form_with_each_config_alone():
+    """`fused_check.py --warm_cache`, which `scripts/gpu_check.sh` runs first so that each autotuned config is
+    compiled side by side, not one by one inside a timed process: each of ProteinMPNN's forms runs forward
+    and backward in a process of its own per config, the config alone (the interpreter's one here)."""
+    script = Path(__file__).resolve().parents[1] / "scripts" / "fused_check.py"
+    forms = ["decoder", "encoder", "edge update"]
+    shape = ["--structures", "1", "--length", "20"]
+    command = [sys.executable, str(script), "--warm_cache", "--forms", *forms, *shape]
+    result = subprocess.run(command, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-3000:]
+    tile = "BLOCK_M 64, BLOCK_K 16, 4 warps, 1 stages"
+    assert result.stdout == f"warm: decoder, encoder, edge update: forward {tile}, backward {tile}\n"
+
+
 @pytest.fixture(autouse=True)
 def vectorised_erf(monkeypatch: pytest.MonkeyPatch) -> None:
     """Triton's interpreter computes erf element by element in Python (math.erf), most of the interpreted
