@@ -17,7 +17,7 @@ from dataclasses import replace
 import pytest
 import torch
 from accelerate.state import AcceleratorState
-from conftest import SHARED_DATA, needs_program
+from conftest import EXAMPLE, SHARED_DATA, needs_program
 from test_train import small_pairs
 from torch._dynamo.eval_frame import _debug_get_cache_entry_list
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -36,15 +36,21 @@ from dpo_inv.data.batches import (
 from dpo_inv.data.dataset import load_records
 from dpo_inv.errors import OptionError
 from dpo_inv.models.features import ProteinFeatures
-from dpo_inv.models.layers import DecLayer, EncLayer, cuda_layer_norm_policy
+from dpo_inv.models.layers import (
+    DecLayer,
+    EncLayer,
+    MessageLayer,
+    cuda_layer_norm_policy,
+    use_activation_checkpointing,
+)
 from dpo_inv.models.mpnn import ProteinMPNN
-from dpo_inv.models.weights import load_model
+from dpo_inv.models.weights import load_model, model_parse_options
 from dpo_inv.training.config import DPOConfig
 from dpo_inv.training.evaluation import evaluate
 from dpo_inv.training.loading import RunData, precompute_reference
 from dpo_inv.training.loss import batch_ranks, pair_logps
 from dpo_inv.training.objective import step_metrics
-from dpo_inv.training.trainer import build_accelerator, build_step, prepare_run
+from dpo_inv.training.trainer import build_accelerator, build_step, load_models, prepare_run
 
 POLICY, REFERENCE = "vanilla/v_48_020", "vanilla/v_48_010"  # different weights: a loss that is not log 2
 CONFIG = DPOConfig(model_name_or_path=POLICY, ref_model_name_or_path=REFERENCE)
@@ -212,7 +218,8 @@ def test_dataloader_workers_give_the_same_batches_and_loss(data, policy, referen
 @pytest.mark.slow
 def test_torch_compile_matches_eager_when_the_batch_shape_changes(data, policy, reference, accelerator_for):
     """The trainer's regional compilation with dynamic shapes: loss and every gradient as eager, for batches
-    whose size and length change as length-grouped batches do (a whole training run: test_train); one graph
+    whose size and length change as length-grouped batches do (a whole training run: test_train), and with
+    activation checkpointing the same as without; one graph
     for all the encoder layers, one for the decoder layers and one for the features, compiled once for every
     shape, each traced once (the layers' float constants specialised: as symbolic floats Dynamo would trace
     every region a second time). (A first batch of 3 or 4 structures would compile the features again for
@@ -229,21 +236,72 @@ def test_torch_compile_matches_eager_when_the_batch_shape_changes(data, policy, 
         for indices in ([8, 9, 10, 11, 12], [0, 1, 2, 3, 4, 5]):  # 5 pairs of 84 residues, then 6 of 85
             batch = batch_of(data, indices)
             results = []
-            for model in (eager, compiled):
+            # the compiled layers checkpointed too: run again, compiled, in the backward pass
+            for model, every in ((eager, None), (compiled, None), (compiled, 1)):
+                use_activation_checkpointing(model, every)
                 loss, _ = step_metrics(CONFIG, model, reference, batch, epoch=0)
                 loss.backward()
                 results.append((loss.detach(), torch.cat([p.grad.flatten() for p in model.parameters()])))
                 model.zero_grad(set_to_none=True)
-            (loss, gradient), (compiled_loss, compiled_gradient) = results
+            (loss, gradient), (compiled_loss, compiled_gradient), checkpointed = results
             torch.testing.assert_close(compiled_loss, loss, rtol=1e-5, atol=1e-5)
             scale = gradient.abs().max().clamp(min=1.0)
             assert (compiled_gradient - gradient).abs().max() <= 1e-4 * scale
+            assert all(map(torch.equal, checkpointed, (compiled_loss, compiled_gradient)))
         for module in (EncLayer, DecLayer, ProteinFeatures):
             assert len(_debug_get_cache_entry_list(module.forward)) == 1, f"{module.__name__} recompiled"
         traced = torch._dynamo.utils.compilation_time_metrics
         assert "compile_attempt_1" not in traced, "a region was traced twice"
     finally:
         torch._dynamo.reset()
+
+
+def saved_bytes_and_gradients(model: ProteinMPNN, batch: dict[str, torch.Tensor]) -> tuple[int, dict]:
+    """What a training forward pass of `model` on `batch` keeps for its backward pass (bytes of autograd's
+    saved tensors), and the gradients of both sequences' summed log-probabilities, from seed 0."""
+    torch.manual_seed(0)
+    kept = []
+    model.zero_grad(set_to_none=True)
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: kept.append(t.nbytes) or t, lambda t: t):
+        logps = pair_logps(model, batch, batch_ranks(batch, 0, 1, "random"))
+    (logps.chosen - 2 * logps.rejected).sum().backward()
+    return sum(kept), {name: p.grad for name, p in model.named_parameters()}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", [POLICY, "ligand/v_32_010_25"])
+def test_activation_checkpointing_keeps_a_fraction_and_gives_the_same_gradients(data, cache_dir, name):
+    """activation_checkpointing (TRL's gradient_checkpointing): each checkpointed message-passing layer keeps
+    only its inputs and runs again in the backward pass with the random state of its forward pass (the same
+    dropout masks), so every gradient is the same to the bit; with every layer checkpointed ProteinMPNN's
+    forward pass keeps a seventh of the bytes (LigandMPNN's, whose atom features are not in a layer, a
+    third), every second layer in between. Only the policy is checkpointed: not the reference."""
+    if name == POLICY:
+        batch = batch_of(data, [0, 8])
+    else:
+        options = model_parse_options(name)
+        pairs = load_records(EXAMPLE / "ligand" / "train.jsonl", cache_dir=cache_dir, options=options)
+        batch = batch_of(pairs, [0])
+    model = load_model(name).train()  # with its dropout
+    plain, gradients = saved_bytes_and_gradients(model, batch)
+    fractions = {}
+    for every in (1, 2):
+        use_activation_checkpointing(model, every)
+        saved, checkpointed = saved_bytes_and_gradients(model, batch)
+        assert all(torch.equal(checkpointed[k], gradients[k]) for k in gradients), every
+        fractions[every] = saved / plain
+    use_activation_checkpointing(model, None)
+    assert saved_bytes_and_gradients(model, batch)[0] == plain
+    bound = 1 / 6 if name == POLICY else 1 / 3
+    assert fractions[1] < bound < fractions[2] < 1, fractions
+
+    every_second = '{"every_n_layers": 2}'  # TRL's names, and their options as JSON from the command line
+    config = replace(CONFIG, model_name_or_path=name, ref_model_name_or_path=None,
+                     gradient_checkpointing=True, gradient_checkpointing_kwargs=every_second)  # fmt: skip
+    policy, reference = load_models(config, torch.device("cpu"))
+    layers = [m for m in policy.modules() if isinstance(m, MessageLayer)]
+    assert [layer.checkpointed for layer in layers] == [i % 2 == 0 for i in range(len(layers))]
+    assert not any(getattr(m, "checkpointed", False) for m in reference.modules())
 
 
 def test_padding_to_a_multiple_leaves_the_loss_and_gradients(data, policy, reference):

@@ -136,6 +136,29 @@ def test_strategies_as_transformers_takes_them(capsys):
     assert dataclasses.replace(steps, seed=1).eval_steps == 5  # resolving twice changes nothing
 
 
+def test_gradient_checkpointing_as_trls_recipes_write_it(tmp_path, capsys):
+    recipe = {"gradient_checkpointing": True, "gradient_checkpointing_kwargs": {"use_reentrant": False}}
+    config = config_of("--config", yaml_file(tmp_path, **recipe))
+    assert (config.activation_checkpointing, config.checkpointed_every) == (True, 1)
+    assert config.gradient_checkpointing is None and config.gradient_checkpointing_kwargs is None
+    config = config_of("--gradient_checkpointing", "--gradient_checkpointing_kwargs", '{"every_n_layers": 2}')
+    assert config.checkpointed_every == 2
+    assert config_of("--activation_checkpointing", "true").checkpointed_every == 1
+    assert config_of("--activation_checkpointing_kwargs", '{"every_n_layers": 2}').checkpointed_every is None
+    refused = {
+        ("--gradient_checkpointing_kwargs", '{"use_reentrant": true}'): "use_reentrant true: a layer takes",
+        ("--activation_checkpointing_kwargs", '{"every_n_layers": 0}'): "every_n_layers must be a whole",
+        ("--activation_checkpointing_kwargs", "{every_n_layers: 2}"): "is not JSON",
+        ("--activation_checkpointing_kwargs", '{"offload": true}'): "dpo_inv takes every_n_layers and",
+        ("--gradient_checkpointing", "false", "--activation_checkpointing"): "gradient_checkpointing and "
+        "activation_checkpointing disagree",
+        ("--fused_kernels", "true"): "activation_checkpointing and fused_kernels: the fused kernels already",
+        ("--cuda_graphs", "true"): "cuda_graphs does not go with activation_checkpointing",
+    }  # fmt: skip
+    for args, message in refused.items():
+        assert message in refusal(capsys, "--gradient_checkpointing", *args), args
+
+
 def test_resume_true_warmup_fraction_and_adam_settings(tmp_path):
     assert (
         config_of("--config", yaml_file(tmp_path, resume_from_checkpoint=True)).resume_from_checkpoint
@@ -158,7 +181,7 @@ def test_trl_options_that_do_not_apply_say_why_in_a_file_and_on_the_command_line
         "max_length": "max_length does not apply: no tokenizer",
         "padding_free": "padding_free does not apply: batches are padded to their longest structure",
         "ref_model": "ref_model does not apply: write ref_model_name_or_path",
-        "gradient_checkpointing": "gradient_checkpointing does not apply: no activation checkpointing",
+        "activation_offloading": "activation_offloading does not apply: activations stay on the device",
     }
     for key, message in cases.items():
         path = yaml_file(tmp_path, **{key: 1})

@@ -5,10 +5,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 from dpo_inv.models import fused
 
@@ -52,6 +54,15 @@ def use_fused_kernels(model: nn.Module, on: bool) -> None:
     for module in model.modules():
         if hasattr(type(module), "fused"):
             module.fused = on
+
+
+def use_activation_checkpointing(model: nn.Module, every_n_layers: int | None) -> None:
+    """Recompute every ``every_n_layers``-th message-passing layer of ``model`` (in module order, the first
+    included) in the backward pass instead of keeping its activations (activation checkpointing, as
+    Transformers' ``activation_checkpointing_enable``); None: none."""
+    layers = [module for module in model.modules() if isinstance(module, MessageLayer)]
+    for i, layer in enumerate(layers):
+        layer.checkpointed = every_n_layers is not None and i % every_n_layers == 0
 
 
 def runs_fused(layer: nn.Module, x: Tensor) -> bool:
@@ -207,7 +218,23 @@ class PositionWiseFeedForward(nn.Module):
         return linear(self.W_out, self.act(linear(self.W_in, h)))
 
 
-class NodeLayer(nn.Module):
+class MessageLayer(nn.Module):
+    """A message-passing layer: the unit that activation checkpointing recomputes (:func:`run_layer`)."""
+
+    checkpointed = False  # set by use_activation_checkpointing
+
+
+def run_layer(layer: nn.Module, *args: Any, **kwargs: Any) -> Any:
+    """``layer(*args, **kwargs)``; a checkpointed layer (:func:`use_activation_checkpointing`) in a training
+    forward pass keeps only its inputs for the backward pass, which runs it again, with the random state of
+    its forward pass (the same dropout masks), for the activations its gradients need. Called on the module
+    as the model holds it (compiled or not), so that a compiled layer runs compiled both times."""
+    if layer.checkpointed and layer.training and torch.is_grad_enabled():
+        return checkpoint(layer, *args, use_reentrant=False, **kwargs)
+    return layer(*args, **kwargs)
+
+
+class NodeLayer(MessageLayer):
     """The node update shared by the decoder and context layers: a three-layer message MLP ``W1``-``W3`` on
     ``[h_V_i, inputs_ij]`` summed over the neighbours, then a feed-forward block."""
 
@@ -239,7 +266,7 @@ class NodeLayer(nn.Module):
         return mask_V.unsqueeze(-1) * h_V
 
 
-class EncLayer(nn.Module):
+class EncLayer(MessageLayer):
     """Encoder message-passing layer: updates nodes from edges and neighbours, then edges from nodes.
 
     The first linear layer of each message MLP, which acts on ``[h_V_i, h_E_ij, h_V_j]``, is applied block by

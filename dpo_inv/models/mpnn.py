@@ -35,6 +35,7 @@ from dpo_inv.models.layers import (
     dropout,
     gather_neighbors,
     linear,
+    run_layer,
 )
 
 OFFICIAL_CHECKPOINT_NAME = "proteinmpnn.pt"
@@ -206,7 +207,7 @@ class ProteinMPNN(PreTrainedModel):
             h_V = E.new_zeros(E.shape[0], E.shape[1], E.shape[-1]).requires_grad_(h_E.requires_grad)
         mask_attend = mask.unsqueeze(-1) * gather_neighbors(mask, E_idx)
         for layer in self.encoder_layers:
-            h_V, h_E = layer(h_V, h_E, E_idx, mask, mask_attend)
+            h_V, h_E = run_layer(layer, h_V, h_E, E_idx, mask, mask_attend)
         if self.config.atom_context_num:
             if context_xyz is None or context_element is None or context_mask is None:
                 context_xyz, context_element, context_mask = (
@@ -232,8 +233,10 @@ class ProteinMPNN(PreTrainedModel):
         for atom_layer, residue_layer in zip(
             self.y_context_encoder_layers, self.context_encoder_layers, strict=True
         ):
-            Y_nodes, Y_edges = atom_layer(Y_nodes, Y_edges, Y_m, Y_m_edges, edge_projection=self.W_edges_y)
-            h_V_C, _ = residue_layer(h_V_C, torch.cat((h_E_context, Y_nodes), -1), mask, Y_m)
+            Y_nodes, Y_edges = run_layer(
+                atom_layer, Y_nodes, Y_edges, Y_m, Y_m_edges, edge_projection=self.W_edges_y
+            )
+            h_V_C, _ = run_layer(residue_layer, h_V_C, torch.cat((h_E_context, Y_nodes), -1), mask, Y_m)
         h_V_C = dropout(self.V_C(h_V_C), self.config.dropout, self.training)
         return self.V_C_norm(h_V_C)
 
@@ -258,12 +261,12 @@ class ProteinMPNN(PreTrainedModel):
         # gradients, and a policy must score as its frozen reference does
         h_V = enc.h_V.unsqueeze(2).expand_as(h_S).contiguous()
         for layer in self.decoder_layers[:-1]:
-            h_V = layer(h_V, h_S, enc, mask_bw)
+            h_V = run_layer(layer, h_V, h_S, enc, mask_bw)
         return DecoderStates(h_V=h_V, h_S=h_S, mask_bw=mask_bw)
 
     def decode_last(self, enc: Encoding, states: DecoderStates, positions: Tensor | None = None) -> Tensor:
         """The last decoder layer and the output head on ``states`` (see :meth:`decode`)."""
-        h_V = self.decoder_layers[-1](states.h_V, states.h_S, enc, states.mask_bw, positions)
+        h_V = run_layer(self.decoder_layers[-1], states.h_V, states.h_S, enc, states.mask_bw, positions)
         h_V = h_V if positions is not None else h_V.transpose(1, 2)
         return F.log_softmax(linear(self.W_out, h_V).float(), dim=-1)  # log-probabilities in fp32
 

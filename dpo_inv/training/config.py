@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from dataclasses import asdict, dataclass, field, fields
 from importlib.util import find_spec
-from typing import Literal
+from typing import Any, Literal
 
 from accelerate.utils import LoggerType
 
@@ -309,6 +310,28 @@ class DPOConfig(LoraOptions, DecodingOrderOptions):
             "gradient_accumulation_steps 1, not fp16 or torch_compile."
         ),
     )
+    activation_checkpointing: bool = field(
+        default=False,
+        **field_help(
+            "Keep only each message-passing layer's inputs in the forward pass and run the layer again in "
+            "the backward pass (activation checkpointing): the same gradients, about a third of the "
+            "memory the layers kept, each step slower by the layers' forward pass (docs/training.md)."
+        ),
+    )
+    activation_checkpointing_kwargs: dict[str, Any] | str | None = field(
+        default=None,
+        **field_help(
+            "Transformers' options of activation checkpointing, a mapping or its JSON: every_n_layers "
+            "(checkpoint every n-th layer, default 1) and use_reentrant (false only)."
+        ),
+    )
+    gradient_checkpointing: bool | None = field(
+        default=None, **field_help("TRL's and Transformers' former name of activation_checkpointing.")
+    )
+    gradient_checkpointing_kwargs: dict[str, Any] | str | None = field(
+        default=None,
+        **field_help("TRL's and Transformers' former name of activation_checkpointing_kwargs."),
+    )
     torch_compile: bool = field(
         default=False,
         **field_help(
@@ -483,6 +506,7 @@ class DPOConfig(LoraOptions, DecodingOrderOptions):
                 "latest" if str(self.resume_from_checkpoint).lower() == "true" else None
             )
         self.resolve_precision()
+        self.resolve_checkpointing()
         if self.cuda_graphs:
             self.check_cuda_graphs()
         self.resolve_schedules()
@@ -522,6 +546,8 @@ class DPOConfig(LoraOptions, DecodingOrderOptions):
             ("mixed_precision fp16", self.mixed_precision == "fp16", "use bf16"),
             ("torch_compile", self.torch_compile,
              "choose one (torch_compile_mode reduce-overhead has its own)"),
+            ("activation_checkpointing", self.activation_checkpointing,
+             "choose one (checkpointing saves memory, graphs launch a small batch's step at once)"),
         )  # fmt: skip
         for name, conflict, fix in conflicts:
             if conflict:
@@ -595,6 +621,52 @@ class DPOConfig(LoraOptions, DecodingOrderOptions):
                     f"give one of them"
                 )
         self.bf16 = self.fp16 = None
+
+    def resolve_checkpointing(self) -> None:
+        """activation_checkpointing and its options from TRL's former names (then cleared); the options
+        checked: every_n_layers, a whole number from 1, and use_reentrant false (a layer takes inputs that
+        are not tensors, which reentrant checkpointing cannot recompute it from)."""
+        for old, new in (("gradient_checkpointing", "activation_checkpointing"),
+                         ("gradient_checkpointing_kwargs", "activation_checkpointing_kwargs")):  # fmt: skip
+            given = getattr(self, old)
+            if given is not None and getattr(self, new) and getattr(self, new) != given:
+                raise OptionError(f"{old} and {new} disagree: give one of them")
+            if given is not None:
+                setattr(self, new, given)
+            setattr(self, old, None)
+        options = self.activation_checkpointing_kwargs
+        if isinstance(options, str):
+            try:
+                options = json.loads(options)
+            except json.JSONDecodeError as error:
+                raise OptionError(f"activation_checkpointing_kwargs is not JSON ({error}): e.g. "
+                                  '\'{"every_n_layers": 2}\'') from None  # fmt: skip
+        options = {} if options is None else options
+        if not isinstance(options, dict) or set(options) - {"every_n_layers", "use_reentrant"}:
+            raise OptionError(
+                f"activation_checkpointing_kwargs {options}: dpo_inv takes every_n_layers and use_reentrant"
+            )
+        every = options.get("every_n_layers", 1)
+        if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+            raise OptionError(f"every_n_layers must be a whole number from 1, got {every!r}")
+        if options.get("use_reentrant", False) is not False:
+            raise OptionError(
+                "use_reentrant true: a layer takes inputs that are not tensors, which reentrant "
+                "checkpointing cannot run it again from; write false, or drop it"
+            )
+        self.activation_checkpointing_kwargs = options
+        if self.activation_checkpointing and self.fused_kernels:
+            raise OptionError(
+                "activation_checkpointing and fused_kernels: the fused kernels already recompute the "
+                "message MLPs in the backward pass and keep no per-edge activation; choose one"
+            )
+
+    @property
+    def checkpointed_every(self) -> int | None:
+        """Every how many message-passing layers one is checkpointed; None: none."""
+        if not self.activation_checkpointing:
+            return None
+        return self.activation_checkpointing_kwargs.get("every_n_layers", 1)
 
     def resolve_schedules(self) -> None:
         """eval_strategy and save_strategy where not given: steps where their steps are, else epoch; their

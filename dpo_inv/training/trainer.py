@@ -43,7 +43,7 @@ from dpo_inv.models.adapters import (
     trainable_parameters,
     without_adapter_dropout,
 )
-from dpo_inv.models.layers import use_fused_kernels
+from dpo_inv.models.layers import use_activation_checkpointing, use_fused_kernels
 from dpo_inv.models.mpnn import derive_seed
 from dpo_inv.models.weights import load_model
 from dpo_inv.training.checkpoints import (
@@ -228,6 +228,7 @@ def load_models(
     for loaded in (model, reference):
         if loaded is not None:
             use_fused_kernels(loaded, config.fused_kernels)
+    use_activation_checkpointing(model, config.checkpointed_every)
     return model, reference
 
 

@@ -12,10 +12,6 @@ DDP = (
     "dpo_inv trains with DDP as Accelerate sets it up (a copy of the model per process; ProteinMPNN has "
     "1.7 million parameters): drop it"
 )
-NO_CHECKPOINTING = (
-    "no activation checkpointing: on a GPU, fused_kernels recomputes the message MLPs in the backward "
-    "pass instead of storing them (40-48 percent less memory); or lower per_device_train_batch_residues"
-)
 EVAL_GATHER = "evaluation gathers every pair's metrics over the processes itself: drop it"
 HUB = "nothing is uploaded: push the trained model with `hf upload REPO OUTPUT_DIR/final`"
 LOADER = "the DataLoader takes dataloader_num_workers only (pinned memory on CUDA by itself): drop it"
@@ -38,11 +34,8 @@ NOT_APPLICABLE: dict[str, str] = {
     # precision and memory
     "bf16_full_eval": "evaluation runs in the training precision (mixed_precision): drop it",
     "fp16_full_eval": "evaluation runs in the training precision (mixed_precision): drop it",
-    "activation_checkpointing": NO_CHECKPOINTING,
-    "activation_checkpointing_kwargs": NO_CHECKPOINTING,
-    "gradient_checkpointing": NO_CHECKPOINTING,
-    "gradient_checkpointing_kwargs": NO_CHECKPOINTING,
-    "activation_offloading": NO_CHECKPOINTING,
+    "activation_offloading": "activations stay on the device: activation_checkpointing keeps only each "
+    "layer's inputs; on a GPU, fused_kernels keeps no per-edge activation",
     "use_liger_kernel": "Liger's kernels are for transformer language models; on a GPU use fused_kernels",
     "liger_kernel_config": "Liger's kernels are for transformer language models; on a GPU use fused_kernels",
     "use_cache": f"{NOT_A_LM}: there is no key-value cache: drop it",
