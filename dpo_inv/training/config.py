@@ -314,7 +314,7 @@ class DPOConfig(LoraOptions, DecodingOrderOptions):
         default=False,
         **field_help(
             "Keep only each message-passing layer's inputs in the forward pass and run the layer again in "
-            "the backward pass (activation checkpointing): the same gradients in less memory (a third "
+            "the backward pass (activation checkpointing): the same gradients in less memory (a quarter "
             "less at ProteinMPNN's batch of 8), each step slower by the policy's forward pass once more "
             "(docs/training.md#memory-activation-checkpointing)."
         ),
