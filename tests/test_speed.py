@@ -35,6 +35,7 @@ from dpo_inv.data.batches import (
 )
 from dpo_inv.data.dataset import load_records
 from dpo_inv.errors import OptionError
+from dpo_inv.models.adapters import ALL_LINEAR, add_adapter
 from dpo_inv.models.features import ProteinFeatures
 from dpo_inv.models.layers import (
     DecLayer,
@@ -302,6 +303,26 @@ def test_activation_checkpointing_keeps_a_fraction_and_gives_the_same_gradients(
     layers = [m for m in policy.modules() if isinstance(m, MessageLayer)]
     assert [layer.checkpointed for layer in layers] == [i % 2 == 0 for i in range(len(layers))]
     assert not any(getattr(m, "checkpointed", False) for m in reference.modules())
+
+
+def test_activation_checkpointing_gives_lora_adapters_the_same_gradients(data):
+    """LoRA adapters on every linear map, with their dropout on: each checkpointed layer runs its adapters
+    again in the backward pass with the same dropout masks, so every adapter's gradient is the same to the
+    bit; the frozen base weights get none."""
+    batch = batch_of(data, [0, 8])
+    model = add_adapter(load_model(POLICY), r=4, alpha=8, dropout=0.1, targets=ALL_LINEAR).train()
+    torch.manual_seed(0)
+    for name, parameter in model.named_parameters():
+        if "lora_B" in name:  # as after some training: zero B would leave A without a gradient
+            torch.nn.init.normal_(parameter, std=0.05)
+    adapters = sorted(name for name, p in model.named_parameters() if p.requires_grad)
+    assert len(adapters) > 60 and all("lora_" in name for name in adapters)
+    _, gradients = saved_bytes_and_gradients(model, batch)
+    use_activation_checkpointing(model, 1)
+    assert sum(isinstance(m, MessageLayer) and m.checkpointed for m in model.modules()) == 6
+    _, checkpointed = saved_bytes_and_gradients(model, batch)
+    assert all(gradients[k] is None for k in gradients if k not in adapters)
+    assert all(gradients[k].abs().sum() > 0 and torch.equal(checkpointed[k], gradients[k]) for k in adapters)
 
 
 def test_padding_to_a_multiple_leaves_the_loss_and_gradients(data, policy, reference):
