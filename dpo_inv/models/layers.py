@@ -14,6 +14,8 @@ from torch.utils.checkpoint import checkpoint
 
 from dpo_inv.models import fused
 
+CHUNK_ENTRIES = 1 << 16  # context entries whose message activations a chunked pass writes at a time
+
 
 @dataclass
 class Encoding:
@@ -223,13 +225,17 @@ class MessageLayer(nn.Module):
 
     checkpointed = False  # set by use_activation_checkpointing
 
+    def recomputed(self) -> bool:
+        """Whether this call runs checkpointed: its activations recomputed in the backward pass."""
+        return self.checkpointed and self.training and torch.is_grad_enabled()
+
 
 def run_layer(layer: nn.Module, *args: Any, **kwargs: Any) -> Any:
     """``layer(*args, **kwargs)``; a checkpointed layer (:func:`use_activation_checkpointing`) in a training
     forward pass keeps only its inputs for the backward pass, which runs it again, with the random state of
     its forward pass (the same dropout masks), for the activations its gradients need. Called on the module
     as the model holds it (compiled or not), so that a compiled layer runs compiled both times."""
-    if layer.checkpointed and layer.training and torch.is_grad_enabled():
+    if layer.recomputed():
         return checkpoint(layer, *args, use_reentrant=False, **kwargs)
     return layer(*args, **kwargs)
 
@@ -446,8 +452,31 @@ class ContextLayer(NodeLayer):
             else:
                 summed = fused.message_sum(F.linear(h_E, W_e).flatten(0, -3), *mlp, weight=entries)
                 summed = summed.view_as(node_i)
+        elif not torch.compiler.is_compiling() and (
+            self.recomputed() or (not torch.is_grad_enabled() and h_E.device.type == "cpu")
+        ):
+            summed = self._message_sum_in_chunks(node_i, h_E, mask_attend, W_e)
         else:
-            hidden = self.act(linear(self.W2, self.act(F.linear(h_E, W_e).add_(node_i.unsqueeze(-2)))))
-            summed = torch.einsum("...m,...mh->...h", mask_attend.to(hidden.dtype), hidden)
+            summed = self._message_sum(node_i, h_E, mask_attend, W_e)
         count = mask_attend.to(summed.dtype).sum(-1, keepdim=True)
         return self._update_nodes(h_V, summed, count, mask_V), h_E
+
+    def _message_sum(self, node_i: Tensor, h_E: Tensor, mask_attend: Tensor, W_e: Tensor) -> Tensor:
+        """The message MLP's first two layers on each entry, summed over the node's entries."""
+        hidden = self.act(linear(self.W2, self.act(F.linear(h_E, W_e).add_(node_i.unsqueeze(-2)))))
+        return torch.einsum("...m,...mh->...h", mask_attend.to(hidden.dtype), hidden)
+
+    def _message_sum_in_chunks(self, node_i: Tensor, h_E: Tensor, mask_attend: Tensor, W_e: Tensor) -> Tensor:
+        """:meth:`_message_sum` over chunks of about `CHUNK_ENTRIES` entries, each chunk's activations
+        recomputed in the backward pass: a checkpointed layer's backward pass then holds one chunk's, not
+        every entry's (the atom layers': ``[B, L, 25, 25, H]``), and a pass without gradients (on a CPU)
+        writes one chunk at a time. Each node's sum is the unchunked one, to the bit."""
+        nodes, entries, mask = node_i.flatten(0, -2), h_E.flatten(0, -3), mask_attend.flatten(0, -2)
+        size = max(1, CHUNK_ENTRIES // entries.shape[1])
+        sums = [
+            checkpoint(self._message_sum, *chunk, W_e, use_reentrant=False)
+            if torch.is_grad_enabled()
+            else self._message_sum(*chunk, W_e)
+            for chunk in zip(nodes.split(size), entries.split(size), mask.split(size), strict=True)
+        ]
+        return torch.cat(sums).view_as(node_i)
