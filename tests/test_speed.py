@@ -278,8 +278,9 @@ def test_activation_checkpointing_keeps_a_fraction_and_gives_the_same_gradients(
     """activation_checkpointing (TRL's gradient_checkpointing): each checkpointed message-passing layer keeps
     only its inputs and runs again in the backward pass with the random state of its forward pass (the same
     dropout masks), so every gradient is the same to the bit; with every layer checkpointed ProteinMPNN's
-    forward pass keeps a seventh of the bytes (LigandMPNN's, whose atom features are not in a layer, a
-    third), every second layer in between. Only the policy is checkpointed: not the reference."""
+    forward pass keeps a seventh of the bytes (LigandMPNN's, whose atom features are not in a layer and
+    whose context layers recompute only their message MLPs, under two fifths), every second layer in
+    between. Only the policy is checkpointed: not the reference."""
     if name == POLICY:
         batch = batch_of(data, [0, 8])
     else:
@@ -296,7 +297,7 @@ def test_activation_checkpointing_keeps_a_fraction_and_gives_the_same_gradients(
         fractions[every] = saved / plain
     use_activation_checkpointing(model, None)
     assert saved_bytes_and_gradients(model, batch)[0] == plain
-    bound = 1 / 6 if name == POLICY else 1 / 3
+    bound = 1 / 6 if name == POLICY else 2 / 5
     assert fractions[1] < bound < fractions[2] < 1, fractions
 
     every_second = '{"every_n_layers": 2}'  # TRL's names, and their options as JSON from the command line
@@ -362,11 +363,11 @@ class HeapPeak(TorchDispatchMode):
 @pytest.mark.skipif(glibc() is None or not hasattr(glibc(), "mallinfo2"), reason="reads glibc's mallinfo2")
 def test_context_layers_compute_their_messages_in_chunks_where_that_saves_memory(cache_dir, monkeypatch):
     """LigandMPNN's context layers sum their messages over chunks of entries where their activations are not
-    kept: in a checkpointed layer (whose backward pass then recomputes one chunk at a time) and in a pass
-    without gradients on the CPU. Without gradients the log-probabilities are those of one chunk, to the bit;
-    checkpointed, every gradient is the plain pass's to the bit but those the chunks sum (the context
-    layers' first two linear maps, and the atom edges' projection folded into the first), within 1e-5 of the
-    largest; the heap's peak falls by more than a fifth each time."""
+    kept: in a checkpointed layer (which recomputes its message MLP chunk by chunk in the backward pass, not
+    the whole layer) and in a pass without gradients on the CPU. Without gradients the log-probabilities are
+    those of one chunk, to the bit; checkpointed, every gradient is the plain pass's to the bit but those the
+    chunks sum (the context layers' first two linear maps, and the atom edges' projection folded into the
+    first), within 1e-5 of the largest; the heap's peak falls by more than a fifth each time."""
     name = "ligand/v_32_010_25"
     options = model_parse_options(name)
     pairs = load_records(EXAMPLE / "ligand" / "train.jsonl", cache_dir=cache_dir, options=options)

@@ -224,9 +224,10 @@ class MessageLayer(nn.Module):
     """A message-passing layer: the unit that activation checkpointing recomputes (:func:`run_layer`)."""
 
     checkpointed = False  # set by use_activation_checkpointing
+    recomputed_whole = True  # whether run_layer recomputes the whole layer, or the layer the part it chooses
 
     def recomputed(self) -> bool:
-        """Whether this call runs checkpointed: its activations recomputed in the backward pass."""
+        """Whether this call runs checkpointed: activations recomputed in the backward pass."""
         return self.checkpointed and self.training and torch.is_grad_enabled()
 
 
@@ -235,7 +236,7 @@ def run_layer(layer: nn.Module, *args: Any, **kwargs: Any) -> Any:
     forward pass keeps only its inputs for the backward pass, which runs it again, with the random state of
     its forward pass (the same dropout masks), for the activations its gradients need. Called on the module
     as the model holds it (compiled or not), so that a compiled layer runs compiled both times."""
-    if layer.recomputed():
+    if layer.recomputed() and layer.recomputed_whole:
         return checkpoint(layer, *args, use_reentrant=False, **kwargs)
     return layer(*args, **kwargs)
 
@@ -421,7 +422,10 @@ class DecLayer(NodeLayer):
 class ContextLayer(NodeLayer):
     """LigandMPNN's context message-passing layer: each node ``h_V [..., H]`` is updated from messages over
     its own set of context entries ``h_E [..., M, C]`` (a residue's context atoms, or an atom's fellow atoms),
-    where ``mask_attend [..., M]`` is 1."""
+    where ``mask_attend [..., M]`` is 1. Checkpointed, it recomputes its message MLP chunk by chunk
+    (:meth:`_message_sum_in_chunks`), not the whole layer: the entries outnumber the nodes M to 1."""
+
+    recomputed_whole = False
 
     def forward(
         self,
@@ -468,9 +472,9 @@ class ContextLayer(NodeLayer):
 
     def _message_sum_in_chunks(self, node_i: Tensor, h_E: Tensor, mask_attend: Tensor, W_e: Tensor) -> Tensor:
         """:meth:`_message_sum` over chunks of about `CHUNK_ENTRIES` entries, each chunk's activations
-        recomputed in the backward pass: a checkpointed layer's backward pass then holds one chunk's, not
-        every entry's (the atom layers': ``[B, L, 25, 25, H]``), and a pass without gradients (on a CPU)
-        writes one chunk at a time. Each node's sum is the unchunked one, to the bit."""
+        recomputed in the backward pass: a checkpointed layer keeps none of them, and its backward pass
+        holds one chunk's, not every entry's (the atom layers': ``[B, L, 25, 25, H]``); a pass without
+        gradients (on a CPU) writes one chunk at a time. Each node's sum is the unchunked one, to the bit."""
         nodes, entries, mask = node_i.flatten(0, -2), h_E.flatten(0, -3), mask_attend.flatten(0, -2)
         size = max(1, CHUNK_ENTRIES // entries.shape[1])
         sums = [
