@@ -46,12 +46,16 @@ PROGRAMS = {"mpiexec": "MPICH's mpiexec (.ci/run installs it: apt-get install mp
             "g++": "a C++ compiler for torch.compile's CPU code (apt-get install g++)"}  # fmt: skip
 
 
-def command_in_process(capsys: pytest.CaptureFixture, command: str, *args: str) -> tuple[int, str, str]:
-    """`python -m dpo_inv COMMAND ARGS` in the test's process (no interpreter of its own to start): its exit
-    status, stdout and stderr; torch's threads, which the runner sets, as they were."""
+def command_in_process(
+    capsys: pytest.CaptureFixture, command: str, *args: str, prog: str = "python -m dpo_inv"
+) -> tuple[int, str, str]:
+    """`python -m dpo_inv COMMAND ARGS` (`prog` the name it says, "python -m dpo_inv.run" for training) in
+    the test's process, with no interpreter of its own to start and import torch, Transformers and TRL (7-10
+    s on two cores): its exit status, stdout and stderr; torch's threads, which the runner sets, as they
+    were."""
     threads = torch.get_num_threads()
     try:
-        run_command(command, list(args), prog="python -m dpo_inv")
+        run_command(command, list(args), prog=prog)
         code = 0
     except SystemExit as exit_:
         code = exit_.code

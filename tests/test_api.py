@@ -14,6 +14,7 @@ import datasets
 import pandas as pd
 import pytest
 import torch
+from accelerate.state import AcceleratorState
 from conftest import EXAMPLE, stability_rows
 from test_adapt import DOMAIN
 from test_distributed import torchrun
@@ -169,10 +170,15 @@ def test_train_on_a_dataframe_returns_the_model_and_its_metrics(tmp_path, monkey
     assert Path(again.train_file) == Path("out/train_dataset.jsonl")
     first = json.loads(Path(again.train_file).read_text().splitlines()[0])
     assert first["pdb_file"] == str(EXAMPLE.resolve() / "structures" / Path(rows[0]["pdb_file"]).name)
+    # a second job in the process, in another precision, as a notebook's next cell: refused for its data,
+    # not by Accelerate for the first job's precision
     bad = pd.DataFrame(rows)
     bad.loc[3, "unpreferred_seq"] = "AAA"
     with pytest.raises(dpo_inv.DataError, match=r"^train_dataset record 3: unpreferred_seq has length 3 but"):
-        dpo_inv.train(dataclasses.replace(config, output_dir="bad"), train_dataset=bad)
+        dpo_inv.train(
+            dataclasses.replace(config, output_dir="bad", mixed_precision="bf16"), train_dataset=bad
+        )
+    assert AcceleratorState().mixed_precision == "bf16"
 
 
 @pytest.mark.slow

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 import yaml
 from accelerate import Accelerator
+from accelerate.state import AcceleratorState
 from accelerate.utils import AutocastKwargs, InitProcessGroupKwargs, TorchDynamoPlugin, set_seed
 from peft import PeftModel
 from torch.utils.data import DataLoader
@@ -129,6 +130,11 @@ def build_accelerator(config: DPOConfig, **options: Any) -> tuple[Accelerator, s
         # dynamic shapes as symbolic floats, they fail to become tensors and Dynamo traces each region twice
         torch._dynamo.config.specialize_float = True
     device_type, backend = device_backend(config.backend) if launch.world_size > 1 else (None, None)
+    if launch.world_size == 1:
+        # Accelerate keeps a process's first job's state (precision, compilation) and refuses or ignores
+        # another job's: a later job in the process (a notebook's next cell, the API called again) starts
+        # from none, as in a new process; one process of a launch has only its one job
+        AcceleratorState._reset_state()
     try:
         with threads_kept(threads):
             accelerator = Accelerator(
