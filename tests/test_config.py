@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import ROOT
+from conftest import ROOT, command_in_process
 
 import dpo_inv
 from dpo_inv.cli import parse
@@ -42,12 +42,14 @@ def test_a_single_value_where_a_list_is_expected(tmp_path):
     assert (config.report_to, config.loss_type) == (["none"], ["sigmoid", "hinge"])
 
 
-@pytest.mark.slow
-def test_an_unknown_tracker_stops_with_the_valid_names():
-    result = subprocess.run([sys.executable, "-m", "dpo_inv.run", "--report_to", "tensorbord"],
-                            cwd=ROOT, capture_output=True, text=True)  # fmt: skip
-    assert result.returncode == 2 and "Traceback" not in result.stderr
-    last = result.stderr.strip().splitlines()[-1]
+def train_in_process(capsys: pytest.CaptureFixture, *args: str) -> tuple[int, str, str]:
+    return command_in_process(capsys, "train", *args, prog="python -m dpo_inv.run")
+
+
+def test_an_unknown_tracker_stops_with_the_valid_names(capsys):
+    code, _, stderr = train_in_process(capsys, "--report_to", "tensorbord")
+    assert code == 2 and "Traceback" not in stderr
+    last = stderr.strip().splitlines()[-1]
     assert "report_to ['tensorbord'] unknown; choose from none, all, aim, tensorboard, wandb" in last
 
 
@@ -121,7 +123,6 @@ def test_settings_that_would_train_the_wrong_thing_are_refused(fields, message):
         DPOConfig(**fields)
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize(
     "module, args, message",
     [
@@ -133,22 +134,22 @@ def test_settings_that_would_train_the_wrong_thing_are_refused(fields, message):
          "seed must be >= 0, got -1"),
     ],
 )  # fmt: skip
-def test_commands_refuse_them_in_one_line(module, args, message, tmp_path):
+def test_commands_refuse_them_in_one_line(module, args, message, capsys):
     config = ["--config", str(ROOT / "configs" / "rounds_example.yaml")] if module == "dpo_inv rounds" else []
-    command = [sys.executable, "-m", *module.split(), *config, *args]
-    result = subprocess.run(command, capture_output=True, text=True)
-    assert result.returncode == 2
-    assert result.stderr == f"python -m {module}: error: {message}\n"
+    command, prog = (
+        ("train", "python -m dpo_inv.run") if module == "dpo_inv.run" else (module[8:], "python -m dpo_inv")
+    )
+    code, _, stderr = command_in_process(capsys, command, *config, *args, prog=prog)
+    assert code == 2
+    assert stderr == f"python -m {module}: error: {message}\n"
 
 
-@pytest.mark.slow
-def test_a_typo_in_the_yaml_file_is_one_line_naming_the_closest_option(tmp_path):
+def test_a_typo_in_the_yaml_file_is_one_line_naming_the_closest_option(tmp_path, capsys):
     path = tmp_path / "typo.yaml"
     path.write_text("learning_rat: 1.0e-4\nbeta: 0.2\nsavesteps: 5\nzzz: 1\n")
-    result = subprocess.run([sys.executable, "-m", "dpo_inv.run", "--config", str(path)], capture_output=True,
-                            text=True)  # fmt: skip
-    assert result.returncode == 2
-    assert result.stderr == (
+    code, _, stderr = train_in_process(capsys, "--config", str(path))
+    assert code == 2
+    assert stderr == (
         f"python -m dpo_inv.run: error: {path}: unknown key learning_rat (did you mean learning_rate?), "
         "savesteps (did you mean save_steps?), zzz\n"
     )
