@@ -141,7 +141,7 @@ def score_command(tmp_path, *args: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.slow
-def test_the_augmented_ridge_adapt_ships_is_what_score_applies(tmp_path, capsys):
+def test_the_augmented_ridge_adapt_ships_is_what_score_applies(tmp_path):
     labelled = write(tmp_path / "labelled.jsonl", domain_rows(40))
     result = run(str(labelled), "--output_dir", str(tmp_path / "out"), *QUICK)
     assert result.returncode == 0, result.stderr
@@ -197,7 +197,7 @@ def test_the_augmented_ridge_adapt_ships_is_what_score_applies(tmp_path, capsys)
         ),
     ]:
         code, _, stderr = command_in_process(
-            capsys, "score", "--output", str(tmp_path / "scored.jsonl"), "--ridge", str(ridge), *args
+            "score", "--output", str(tmp_path / "scored.jsonl"), "--ridge", str(ridge), *args
         )
         assert code == 2, stderr
         lines = [line for line in stderr.splitlines() if "error:" in line or line.startswith(str(tmp_path))]

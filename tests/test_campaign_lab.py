@@ -29,15 +29,15 @@ START = ("--structure", str(STRUCTURE), "--chain_id", "A", *SPACE, "--num_propos
          "--model", "vanilla/v_48_020", "--adapt", "no")  # fmt: skip
 
 
-def call(capsys: pytest.CaptureFixture, campaign: Path, *args: str) -> tuple[int, str, str]:
+def call(campaign: Path, *args: str) -> tuple[int, str, str]:
     """`propose --campaign campaign *args`: its exit status, stdout and stderr."""
-    return command_in_process(capsys, "propose", "--campaign", str(campaign), *args)
+    return command_in_process("propose", "--campaign", str(campaign), *args)
 
 
-def start(tmp_path: Path, capsys: pytest.CaptureFixture, *args: str) -> Path:
+def start(tmp_path: Path, *args: str) -> Path:
     """A campaign's first round (5 proposals by zero-shot)."""
     campaign = tmp_path / "c"
-    code, _, err = call(capsys, campaign, *START, *args)
+    code, _, err = call(campaign, *START, *args)
     assert code == 0, err
     return campaign
 
@@ -59,10 +59,10 @@ def files(campaign: Path) -> dict[str, bytes]:
             if p.is_file() and p.name != "run.lock"}  # fmt: skip
 
 
-def refused(capsys: pytest.CaptureFixture, campaign: Path, message: str, *args: str) -> None:
+def refused(campaign: Path, message: str, *args: str) -> None:
     """A call that is bad input: one line naming ``message``, exit 2, nothing written."""
     before = files(campaign) if campaign.exists() else None
-    code, out, err = call(capsys, campaign, *args)
+    code, out, err = call(campaign, *args)
     assert code == 2 and message in err and len(err.strip().splitlines()) == 1 and not out, err
     assert (files(campaign) if campaign.exists() else None) == before
 
@@ -73,45 +73,45 @@ def warnings(err: str) -> list[str]:
     return lines
 
 
-def test_a_failed_measurement_is_never_proposed_again(tmp_path, capsys):
+def test_a_failed_measurement_is_never_proposed_again(tmp_path):
     """Round 1's first two proposals failed (an empty value, NA): the summary counts them as failed, not
     measured, and neither round 2 nor round 3 proposes them again (they were the zero-shot's favourites)."""
-    campaign = start(tmp_path, capsys)
+    campaign = start(tmp_path)
     first = proposed(campaign, 1)
     measure(
         campaign, 1, [(first[0], ""), (first[1], "NA"), *((m, f"{0.1 * i}") for i, m in enumerate(first[2:]))]
     )
-    code, out, err = call(capsys, campaign)
+    code, out, err = call(campaign)
     assert code == 0 and not err, err
     summary = json.loads(out)
     assert summary["failed"] == 2 and summary["measured"] == 3 and summary["last_round"]["measured"] == 3
     second = proposed(campaign, 2)
     assert len(second) == 5 and not set(second) & set(first)
     measure(campaign, 2, [(m, "1.0") for m in second])
-    code, out, err = call(capsys, campaign)
+    code, out, err = call(campaign)
     assert code == 0 and json.loads(out)["failed"] == 2 and json.loads(out)["measured"] == 8, err
     assert not set(proposed(campaign, 3)) & set(first[:2])
 
 
 @pytest.mark.parametrize("value", ["abc", "nan", "inf"])
-def test_a_value_that_is_no_number_is_bad_input(tmp_path, capsys, value):
-    campaign = start(tmp_path, capsys)
+def test_a_value_that_is_no_number_is_bad_input(tmp_path, value):
+    campaign = start(tmp_path)
     first = proposed(campaign, 1)
     measure(campaign, 1, [(first[0], "0.5"), (first[1], value), *((m, "0.1") for m in first[2:])])
-    refused(capsys, campaign, "measurements.csv:3: value must be a finite number")
+    refused(campaign, "measurements.csv:3: value must be a finite number")
     assert not (campaign / "round_2").exists()
 
 
-def test_rows_missing_never_proposed_or_outside_the_space_are_warned_of(tmp_path, capsys):
+def test_rows_missing_never_proposed_or_outside_the_space_are_warned_of(tmp_path):
     """Round 1 measured three of its five proposals, a control never proposed, a residue that may not change
     (E9A) and an amino acid not allowed (E8D): one warning line each for the missing proposals, the control,
     and the two outside the space (kept in the file, left out of the fit); the round is still proposed."""
-    campaign = start(tmp_path, capsys)
+    campaign = start(tmp_path)
     first = proposed(campaign, 1)
     control = next(m for m in ("E8V", "E8L", "E8M", "W37L") if m not in first)
     measure(campaign, 1, [*((m, "0.2") for m in first[:3]), (control, "0.4"), ("E9A", "0.9"), ("E8D", "0.1")])
     written = (campaign / "round_1" / "measurements.csv").read_text()
-    code, out, err = call(capsys, campaign)
+    code, out, err = call(campaign)
     assert code == 0 and (campaign / "round_2" / "proposals.csv").exists(), err
     outside, missing, extra = warnings(err)
     assert "2 variants (E9A, E8D) outside the design space" in outside
@@ -123,17 +123,17 @@ def test_rows_missing_never_proposed_or_outside_the_space_are_warned_of(tmp_path
     assert "E9A" not in (campaign / "best.csv").read_text()
 
 
-def test_a_round_that_repeats_an_earlier_rounds_rows_is_refused(tmp_path, capsys):
+def test_a_round_that_repeats_an_earlier_rounds_rows_is_refused(tmp_path):
     """round_1's measurements copied to round_2: one line naming both files, no round 3."""
-    campaign = start(tmp_path, capsys)
+    campaign = start(tmp_path)
     measure(campaign, 1, [(m, f"{0.1 * i}") for i, m in enumerate(proposed(campaign, 1))])
-    assert call(capsys, campaign)[0] == 0
+    assert call(campaign)[0] == 0
     shutil.copyfile(campaign / "round_1" / "measurements.csv", campaign / "round_2" / "measurements.csv")
-    refused(capsys, campaign, "round_2/measurements.csv: its rows repeat those of")
+    refused(campaign, "round_2/measurements.csv: its rows repeat those of")
     assert not (campaign / "round_3").exists()
 
 
-def test_each_round_writes_its_summary_and_the_best_so_far(tmp_path, capsys, monkeypatch):
+def test_each_round_writes_its_summary_and_the_best_so_far(tmp_path, monkeypatch):
     """round_N/summary.json is the line printed; best.csv lists the best measured variants, best first
     (mutations, value, round: the parent as WT), and is itself a file of measurements. The picture marks
     the parent's value where it was measured."""
@@ -141,12 +141,12 @@ def test_each_round_writes_its_summary_and_the_best_so_far(tmp_path, capsys, mon
     monkeypatch.setattr(propose, "plot_campaign", lambda *args: drawn.append(args))
     before = tmp_path / "before.csv"
     before.write_text("mutations,value\nWT,0.5\nE8V,0.35\nW37L,-1\n")
-    campaign = start(tmp_path, capsys, "--measurements", str(before))
+    campaign = start(tmp_path, "--measurements", str(before))
     first = proposed(campaign, 1)
     assert not {"E8V", "W37L"} & set(first)
     values = [0.8, -0.2, 0.4, "NA", 0.1]
     measure(campaign, 1, list(zip(first, map(str, values), strict=True)))
-    code, out, err = call(capsys, campaign)
+    code, out, err = call(campaign)
     assert code == 0, err
     assert json.loads(out) == json.loads((campaign / "round_2" / "summary.json").read_text())
     assert json.loads(out)["best_file"] == str(campaign / "best.csv")
@@ -159,23 +159,23 @@ def test_each_round_writes_its_summary_and_the_best_so_far(tmp_path, capsys, mon
     assert [(m, float(v), int(n)) for m, v, n in (line.split(",") for line in lines[1:])] == expected
     rows = read_measurements(campaign / "best.csv")
     assert [(r.variant, r.value) for r in rows] == [(m, v) for m, v, _ in expected]
-    code, out, err = call(capsys, tmp_path / "d", *START, "--measurements", str(campaign / "best.csv"))
+    code, out, err = call(tmp_path / "d", *START, "--measurements", str(campaign / "best.csv"))
     assert code == 0 and json.loads(out)["measured"] == len(expected), err
 
 
-def test_blank_rows_are_no_measurements(tmp_path, capsys):
+def test_blank_rows_are_no_measurements(tmp_path):
     """A line of spaces and a row of empty cells (as spreadsheets export them) are left out: no parent
     measured or failed; a bad value after them is named by its line."""
-    campaign = start(tmp_path, capsys)
+    campaign = start(tmp_path)
     first = proposed(campaign, 1)
     rows = "".join(f"{m},0.{i}\n" for i, m in enumerate(first))
     (campaign / "round_1" / "measurements.csv").write_text(f"mutations,value\n{rows} \t \n,\n")
-    code, out, err = call(capsys, campaign)
+    code, out, err = call(campaign)
     assert code == 0 and not err and json.loads(out)["failed"] == 0 and json.loads(out)["measured"] == 5, err
     measure(campaign, 2, [(m, "0.5") for m in proposed(campaign, 2)])
     path = campaign / "round_2" / "measurements.csv"
     path.write_text(path.read_text() + "\n \n,\nE8V,abc\n")
-    refused(capsys, campaign, f"{path}:10: value must be a finite number")
+    refused(campaign, f"{path}:10: value must be a finite number")
 
 
 def test_summaries_of_rounds_measured_by_a_function(tmp_path):
@@ -207,20 +207,20 @@ def test_an_include_in_a_space_too_large_to_list_need_not_be_among_the_drawn_can
         included_variants(space, config, read_history(space, []), drawn)
 
 
-def test_a_lower_is_better_campaign_lists_its_lowest_first(tmp_path, capsys):
-    campaign = start(tmp_path, capsys, "--lower_is_better")
+def test_a_lower_is_better_campaign_lists_its_lowest_first(tmp_path):
+    campaign = start(tmp_path, "--lower_is_better")
     measure(campaign, 1, [(m, f"{v}") for m, v in zip(proposed(campaign, 1), [3, 1, 2, 5, 4], strict=True)])
-    code, _, err = call(capsys, campaign)
+    code, _, err = call(campaign)
     assert code == 0, err
     values = [float(line.split(",")[1]) for line in (campaign / "best.csv").read_text().splitlines()[1:]]
     assert values == [1, 2, 3, 4, 5]
 
 
-def test_included_variants_join_the_batch(tmp_path, capsys):
+def test_included_variants_join_the_batch(tmp_path):
     """--include: its variants (written in any order of their mutations) are in the batch, picked_by
     include, with the model's picks making up the rest."""
     (tmp_path / "mine.csv").write_text("mutations,note\nW37A:E8W,a\nE8M,b\n")
-    campaign = start(tmp_path, capsys, "--include", str(tmp_path / "mine.csv"))
+    campaign = start(tmp_path, "--include", str(tmp_path / "mine.csv"))
     rows = list(csv.DictReader((campaign / "round_1" / "proposals.csv").open()))
     assert len(rows) == 5 and sorted(r["mutations"] for r in rows if r["picked_by"] == "include") == [
         "E8M",
@@ -237,37 +237,37 @@ def test_included_variants_join_the_batch(tmp_path, capsys):
         ("E8A\nE8V\nE8I\nE8L\nE8M\nE8F", "6 variants, more than --num_proposals 5"),
     ],
 )
-def test_an_include_outside_the_space_or_beyond_the_batch_is_bad_input(tmp_path, capsys, included, message):
+def test_an_include_outside_the_space_or_beyond_the_batch_is_bad_input(tmp_path, included, message):
     (tmp_path / "mine.csv").write_text(f"mutations\n{included}\n")
-    refused(capsys, tmp_path / "c", message, *START, "--include", str(tmp_path / "mine.csv"))
+    refused(tmp_path / "c", message, *START, "--include", str(tmp_path / "mine.csv"))
     assert not (tmp_path / "c").exists()
 
 
-def test_an_include_already_measured_is_bad_input_and_a_failed_one_is_measured_again(tmp_path, capsys):
-    campaign = start(tmp_path, capsys)
+def test_an_include_already_measured_is_bad_input_and_a_failed_one_is_measured_again(tmp_path):
+    campaign = start(tmp_path)
     first = proposed(campaign, 1)
     measure(campaign, 1, [(first[0], "NA"), *((m, "0.3") for m in first[1:])])
     (tmp_path / "mine.csv").write_text(f"mutations\n{first[1]}\n")
-    refused(capsys, campaign, f"{first[1]} is measured already", "--include", str(tmp_path / "mine.csv"))
+    refused(campaign, f"{first[1]} is measured already", "--include", str(tmp_path / "mine.csv"))
     assert not (campaign / "round_2").exists()
     (tmp_path / "mine.csv").write_text(f"mutations\n{first[0]}\n")
-    code, _, err = call(capsys, campaign, "--include", str(tmp_path / "mine.csv"))
+    code, _, err = call(campaign, "--include", str(tmp_path / "mine.csv"))
     assert code == 0 and proposed(campaign, 2)[0] == first[0], err
 
 
-def test_a_second_propose_on_a_running_campaign_is_refused(tmp_path, capsys):
-    campaign = start(tmp_path, capsys)
+def test_a_second_propose_on_a_running_campaign_is_refused(tmp_path):
+    campaign = start(tmp_path)
     measure(campaign, 1, [(m, "0.1") for m in proposed(campaign, 1)])
     with contextlib.ExitStack() as stack:
         assert lock_folder(stack, campaign) is None
-        refused(capsys, campaign, f"{campaign} is in use by another propose (pid ")
+        refused(campaign, f"{campaign} is in use by another propose (pid ")
     assert not (campaign / "round_2").exists()
-    assert call(capsys, campaign)[0] == 0  # once the first has ended
+    assert call(campaign)[0] == 0  # once the first has ended
 
 
-def test_a_campaign_with_nothing_measured_has_no_picture(tmp_path, capsys):
-    campaign = start(tmp_path, capsys)
-    code, _, err = command_in_process(capsys, "plot", str(campaign))
+def test_a_campaign_with_nothing_measured_has_no_picture(tmp_path):
+    campaign = start(tmp_path)
+    code, _, err = command_in_process("plot", str(campaign))
     assert code == 2 and "nothing measured yet" in err and len(err.strip().splitlines()) == 1, err
     assert not (campaign / "campaign.png").exists()
 
