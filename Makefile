@@ -78,9 +78,10 @@ adapt-example: setup
 	$(PY) -m dpo_inv score --model outputs/adapt_example/final --data data/adapt/candidates.jsonl \
 		--output outputs/adapt_example/candidates_scored.jsonl --ridge outputs/adapt_example/augmented_ridge.json
 
-# the suite in two worker processes (pytest-xdist), a test file each at a time, the files of many tests first
-# (the tour, one test of 14 minutes, runs last, nearly alone, on the two threads its quoted numbers need):
-# while one worker starts a command or waits on its processes, the other computes
+# the suite in two worker processes (pytest-xdist), a test file each at a time, the longest first
+# (tests/conftest.py: LONGEST_FILES; the tour, one test of over 20 minutes on the two threads its quoted
+# numbers need, from the start on one worker): while one worker starts a command or waits on its processes,
+# the other computes
 TEST_WORKERS ?= 2
 test: setup
 	$(PY) -m ruff check dpo_inv tests scripts

@@ -48,22 +48,24 @@ PROGRAMS = {"mpiexec": "MPICH's mpiexec (.ci/run installs it: apt-get install mp
             "g++": "a C++ compiler for torch.compile's CPU code (apt-get install g++)"}  # fmt: skip
 
 
-def command_in_process(command: str, *args: str, prog: str = "python -m dpo_inv") -> tuple[int, str, str]:
-    """`python -m dpo_inv COMMAND ARGS` (`prog` the name it says, "python -m dpo_inv.run" for training) in
-    the test's process, with no interpreter of its own to start and import torch, Transformers and TRL (7-10
-    s on two cores): its exit status, stdout and stderr; torch's threads, which the runner sets, as they
-    were."""
+def command_in_process(
+    command: str, *args: str, prog: str = "python -m dpo_inv", cwd: Path = ROOT
+) -> subprocess.CompletedProcess:
+    """`python -m dpo_inv COMMAND ARGS` (`prog` the name it says, "python -m dpo_inv.run" for training) run
+    from the folder `cwd` in the test's process, with no interpreter of its own to start and import torch,
+    Transformers and TRL (7-10 s on two cores): its exit status and output, as `subprocess.run` gives them;
+    torch's threads, which the runner sets, as they were."""
     threads = torch.get_num_threads()
     out, err = io.StringIO(), io.StringIO()
     try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        with contextlib.chdir(cwd), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             run_command(command, list(args), prog=prog)
         code = 0
     except SystemExit as exit_:
         code = exit_.code
     finally:
         torch.set_num_threads(threads)
-    return code, out.getvalue(), err.getvalue()
+    return subprocess.CompletedProcess(list(args), code, out.getvalue(), err.getvalue())
 
 
 def needs_program(name: str) -> None:

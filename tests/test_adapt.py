@@ -21,7 +21,6 @@ from dpo_inv.tools.folds import assign_folds, variant_groups
 from dpo_inv.tools.ridge import AugmentedRidge, augmented_features, fit_ridge, fit_ridge_cv, one_hot
 
 DOMAIN = "2jws_A_7-54"  # 48 residues
-ADAPT = (sys.executable, "-m", "dpo_inv", "adapt")
 QUICK = ("--max_steps", "5", "10", "--num_folds", "3")
 
 
@@ -39,8 +38,8 @@ def domain_rows(count: int, seed: int = 0) -> list[dict]:
     return [rows[i] for i in np.random.default_rng(seed).permutation(len(rows))[:count]]
 
 
-def run(*args: str, cwd=ROOT) -> subprocess.CompletedProcess:
-    return subprocess.run([*ADAPT, *args], capture_output=True, text=True, cwd=cwd)
+def run(*args: str) -> subprocess.CompletedProcess:
+    return command_in_process("adapt", *args)
 
 
 def test_folds_keep_every_position_on_one_side_and_near_duplicate_designs_together():
@@ -115,11 +114,8 @@ def test_adapt_end_to_end_writes_a_model_that_score_reads(tmp_path):
     assert report["decision"] == "adapted"  # this domain gains in cross-validation
     assert report["cv_spearman_adapted"] > report["cv_spearman_start"]
     assert "Done: cross-validated Spearman" in result.stdout.splitlines()[-1]
-    score = subprocess.run(
-        [sys.executable, "-m", "dpo_inv", "score", "--model", str(tmp_path / "out" / "final"),
-         "--data", str(rest), "--output", str(tmp_path / "scored.jsonl")],
-        capture_output=True, text=True, cwd=ROOT,
-    )  # fmt: skip
+    score = command_in_process("score", "--model", str(tmp_path / "out" / "final"), "--data", str(rest),
+                               "--output", str(tmp_path / "scored.jsonl"))  # fmt: skip
     assert score.returncode == 0, score.stderr
     assert json.loads(score.stdout)["spearman_per_structure_mean"] > 0.5
     adapted, base = load_model(tmp_path / "out" / "final"), load_model("vanilla/v_48_020")
@@ -136,8 +132,7 @@ def test_adapt_end_to_end_writes_a_model_that_score_reads(tmp_path):
 
 def score_command(tmp_path, *args: str) -> subprocess.CompletedProcess:
     output = str(tmp_path / "scored.jsonl")
-    return subprocess.run([sys.executable, "-m", "dpo_inv", "score", "--output", output, *args],
-                          capture_output=True, text=True, cwd=ROOT)  # fmt: skip
+    return command_in_process("score", "--output", output, *args)
 
 
 @pytest.mark.slow
@@ -196,9 +191,10 @@ def test_the_augmented_ridge_adapt_ships_is_what_score_applies(tmp_path):
             "not an augmented ridge file",
         ),
     ]:
-        code, _, stderr = command_in_process(
+        result = command_in_process(
             "score", "--output", str(tmp_path / "scored.jsonl"), "--ridge", str(ridge), *args
         )
+        code, stderr = result.returncode, result.stderr
         assert code == 2, stderr
         lines = [line for line in stderr.splitlines() if "error:" in line or line.startswith(str(tmp_path))]
         records = 3 if str(other) in args else 1  # a bad record is a line each, another bad input one line

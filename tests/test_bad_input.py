@@ -126,9 +126,7 @@ def train(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
     """`python -m dpo_inv.run` with the corpus's options, run in the test's process (`command_in_process`):
     its status and what it printed."""
     options = ("--cache_dir", str(tmp_path / "cache"), "--output_dir", str(tmp_path / "out"), *QUICK, *args)
-    return subprocess.CompletedProcess(
-        options, *command_in_process("train", *options, prog="python -m dpo_inv.run")
-    )
+    return command_in_process("train", *options, prog="python -m dpo_inv.run")
 
 
 def train_alone(tmp_path: Path, *args: str, command: tuple[str, ...] = TRAIN) -> subprocess.CompletedProcess:
@@ -280,6 +278,6 @@ def test_scored_and_scoring_commands_on_bad_structures(tmp_path, command):
         "--cache_dir",
         str(tmp_path / "cache"),
     )
-    code, _, stderr = command_in_process(command, *options)
-    assert code == EXIT_BAD_INPUT and "Traceback" not in stderr
-    assert f"{bad}:3: {STRUCTURES / 'no_coordinates.cif'}: no atomic coordinates found" in stderr
+    result = command_in_process(command, *options)
+    assert result.returncode == EXIT_BAD_INPUT and "Traceback" not in result.stderr
+    assert f"{bad}:3: {STRUCTURES / 'no_coordinates.cif'}: no atomic coordinates found" in result.stderr

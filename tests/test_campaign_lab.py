@@ -31,7 +31,8 @@ START = ("--structure", str(STRUCTURE), "--chain_id", "A", *SPACE, "--num_propos
 
 def call(campaign: Path, *args: str) -> tuple[int, str, str]:
     """`propose --campaign campaign *args`: its exit status, stdout and stderr."""
-    return command_in_process("propose", "--campaign", str(campaign), *args)
+    result = command_in_process("propose", "--campaign", str(campaign), *args)
+    return result.returncode, result.stdout, result.stderr
 
 
 def start(tmp_path: Path, *args: str) -> Path:
@@ -267,7 +268,8 @@ def test_a_second_propose_on_a_running_campaign_is_refused(tmp_path):
 
 def test_a_campaign_with_nothing_measured_has_no_picture(tmp_path):
     campaign = start(tmp_path)
-    code, _, err = command_in_process("plot", str(campaign))
+    drawn = command_in_process("plot", str(campaign))
+    code, err = drawn.returncode, drawn.stderr
     assert code == 2 and "nothing measured yet" in err and len(err.strip().splitlines()) == 1, err
     assert not (campaign / "campaign.png").exists()
 

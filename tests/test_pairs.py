@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pandas
 import pytest
-from conftest import EXAMPLE, ROOT, SHARED
+from conftest import EXAMPLE, ROOT, SHARED, command_in_process
 
 from dpo_inv.data.dataset import load_records
 from dpo_inv.data.records import DataError
@@ -277,8 +277,7 @@ def test_bad_records_are_reported_together_in_file_order(tmp_path, cache):
 
 
 def command(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "dpo_inv", "pairs", *args], cwd=ROOT, capture_output=True,
-                          text=True)  # fmt: skip
+    return command_in_process("pairs", *args)
 
 
 @pytest.mark.slow

@@ -6,17 +6,15 @@ line."""
 import gc
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import EXAMPLE, ROOT, STRUCTURES, gunzip
+from conftest import EXAMPLE, STRUCTURES, command_in_process, gunzip
 from safetensors.torch import load_file
 from test_distributed import torchrun
 from test_stock_tools import design
-from test_train import env, metrics, run, small_pairs
+from test_train import metrics, run, small_pairs
 
 from dpo_inv.data.batches import ExampleDataset, collate
 from dpo_inv.data.dataset import load_records
@@ -105,17 +103,6 @@ def test_bad_adapter_settings_name_the_fix(tmp_path):
         load_adapter(tmp_path / "adapter", load_model("vanilla/v_48_010"))
 
 
-def command(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "dpo_inv", *args],
-        cwd=ROOT,
-        env=env(tmp_path),
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-
-
 LORA = (
     "--use_peft",
     "true",
@@ -188,8 +175,7 @@ def test_a_lora_run_resumes_exactly_saves_an_adapter_and_merges_for_the_stock_sc
     for key in expected:
         torch.testing.assert_close(actual[key], expected[key], atol=1e-6, rtol=0)
 
-    scored = command(
-        tmp_path,
+    scored = command_in_process(
         "score",
         "--model",
         str(final),
@@ -206,10 +192,10 @@ def test_a_lora_run_resumes_exactly_saves_an_adapter_and_merges_for_the_stock_sc
     assert json.loads(scored.stdout)["mean_margin"] > 0
 
     merged = tmp_path / "merged"
-    result = command(tmp_path, "merge", str(final), "--output", str(merged))
+    result = command_in_process("merge", str(final), "--output", str(merged))
     assert result.returncode == 0, result.stderr
     assert f"full model in {merged}" in result.stdout
-    again = command(tmp_path, "merge", str(final), "--output", str(merged))
+    again = command_in_process("merge", str(final), "--output", str(merged))
     assert again.returncode == 2 and again.stderr.strip().endswith(
         "exists and is not empty; give a new folder"
     )
@@ -219,25 +205,8 @@ def test_a_lora_run_resumes_exactly_saves_an_adapter_and_merges_for_the_stock_sc
     )
     assert len(designs) > 1 and all(len(seq) == 84 for _, seq in designs[1:])
 
-    bad = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "dpo_inv.run",
-            "--train_file",
-            str(data),
-            "--output_dir",
-            str(tmp_path / "bad"),
-            *LORA,
-            "--lora_target_modules",
-            "W9",
-        ],
-        cwd=ROOT,
-        env=env(tmp_path),
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    bad = command_in_process("train", "--train_file", str(data), "--output_dir", str(tmp_path / "bad"), *LORA,
+                             "--lora_target_modules", "W9", prog="python -m dpo_inv.run")  # fmt: skip
     assert bad.returncode == 2 and "lora_target_modules: 'W9' is not a linear map" in bad.stderr
     assert "Traceback" not in bad.stderr
 
@@ -293,8 +262,7 @@ def test_kto_residpo_and_sft_train_adapters(tmp_path, train_file, options):
 @pytest.mark.slow
 def test_adapt_trains_an_adapter_on_the_head_whose_ridge_scores_through_the_folder(tmp_path):
     output = tmp_path / "adapt"
-    result = command(
-        tmp_path,
+    result = command_in_process(
         "adapt",
         str(EXAMPLE / "adapt" / "labelled.jsonl"),
         "--output_dir",
@@ -316,8 +284,7 @@ def test_adapt_trains_an_adapter_on_the_head_whose_ridge_scores_through_the_fold
     } | {"base_model.model.W_out"}
     report = json.loads((output / "adapt.json").read_text())
     assert report["cv_spearman_adapted"] > report["cv_spearman_start"]
-    scored = command(
-        tmp_path,
+    scored = command_in_process(
         "score",
         "--model",
         str(output / "final"),
@@ -330,8 +297,7 @@ def test_adapt_trains_an_adapter_on_the_head_whose_ridge_scores_through_the_fold
     )
     assert scored.returncode == 0, scored.stderr
     assert json.loads(scored.stdout)["spearman_of"] == "predicted_label"
-    below = command(
-        tmp_path,
+    below = command_in_process(
         "adapt",
         str(EXAMPLE / "adapt" / "labelled.jsonl"),
         "--output_dir",

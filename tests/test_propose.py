@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import EXAMPLE, ROOT
+from conftest import EXAMPLE, ROOT, command_in_process
 
 from dpo_inv.campaign import exploring
 from dpo_inv.campaign.acquisition import (
@@ -184,8 +184,7 @@ def double_mutants(singles: list[dict], count: int) -> list[dict]:
 
 
 def propose(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "dpo_inv", "propose", *args], capture_output=True, text=True,
-                          cwd=ROOT)  # fmt: skip
+    return command_in_process("propose", *args)
 
 
 @pytest.mark.slow
@@ -254,8 +253,7 @@ def test_a_campaign_round_after_round_on_measured_stability(tmp_path):
     picture = campaign / "campaign.png"
     assert summary["picture"] == str(picture) and picture.read_bytes()[:4] == b"\x89PNG"
     picture.unlink()
-    drawn = subprocess.run([sys.executable, "-m", "dpo_inv", "plot", str(campaign)], capture_output=True,
-                           text=True, cwd=ROOT)  # fmt: skip
+    drawn = command_in_process("plot", str(campaign))
     assert drawn.returncode == 0 and drawn.stdout.strip() == str(picture) and picture.exists(), drawn.stderr
 
 

@@ -4,11 +4,9 @@ shell; numbering by sequence or by author; a mutant whose wild type does not mat
 
 import csv
 import json
-import subprocess
-import sys
 
 import pytest
-from conftest import EXAMPLE, ROOT
+from conftest import EXAMPLE, ROOT, command_in_process
 
 import dpo_inv
 from dpo_inv.data.proteingym import GivenStructure, complete_records
@@ -71,23 +69,21 @@ def test_the_reference_csv_names_the_structure_on_the_command_line(tmp_path):
         "DMS_id,DMS_filename,pdb_file,chain_id\n"
         f"CALM1,{SCAN},{SHARED / 'structures' / 'CALM1_HUMAN_Weile_2017.pdb.gz'},A\n"
     )
-    command = [sys.executable, "-m", "dpo_inv", "score", "--data", str(scan), "--output",
-               str(tmp_path / "o.jsonl"), "--proteingym_reference", str(reference), "--score_field",
-               "DMS_score"]  # fmt: skip
-    result = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True)
+    command = ["score", "--data", str(scan), "--output", str(tmp_path / "o.jsonl"), "--proteingym_reference",
+               str(reference), "--score_field", "DMS_score"]  # fmt: skip
+    result = command_in_process(*command, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     summary = json.loads(result.stdout)
     assert summary["labelled"] == 24 and -1 <= summary["spearman"] <= 1
     # what score writes is a record kind the commands read as it is: every record names its structure
     written = [json.loads(line) for line in (tmp_path / "o.jsonl").read_text().splitlines()]
     assert all(row["pdb_file"].endswith("CALM1_HUMAN_Weile_2017.pdb.gz") for row in written)
-    pairs = subprocess.run([sys.executable, "-m", "dpo_inv", "pairs", str(tmp_path / "o.jsonl"), "--output",
-                            str(tmp_path / "pairs.jsonl"), "--score_field", "DMS_score"], cwd=tmp_path,
-                           capture_output=True, text=True)  # fmt: skip
+    pairs = command_in_process("pairs", str(tmp_path / "o.jsonl"), "--output", str(tmp_path / "pairs.jsonl"),
+                               "--score_field", "DMS_score", cwd=tmp_path)  # fmt: skip
     assert pairs.returncode == 0 and json.loads(pairs.stdout)["pairs"] >= 1, pairs.stderr
     other = tmp_path / "other.csv"
     reference.write_text(f"DMS_filename,pdb_file\n{other.name},x.pdb\n")
-    missing = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True)
+    missing = command_in_process(*command, cwd=tmp_path)
     assert missing.returncode == 2 and missing.stderr == (
         f"python -m dpo_inv score: error: {reference}: no row with DMS_filename {SCAN}; add one, or give "
         "--structure\n"

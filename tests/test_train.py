@@ -8,10 +8,11 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from unittest import mock
 
 import pytest
 import torch
-from conftest import EXAMPLE, ROOT, SHARED_DATA, needs_program
+from conftest import EXAMPLE, ROOT, SHARED_DATA, command_in_process, needs_program
 from safetensors.torch import load_file
 
 from dpo_inv.data.batches import ExampleDataset, collate
@@ -30,19 +31,22 @@ def env(tmp_path: Path) -> dict[str, str]:
     return {**os.environ, "HF_DATASETS_CACHE": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1"}
 
 
+ALONE = (sys.executable, "-m", "dpo_inv.run")  # a run in a process of its own
+
+
 def run(
     tmp_path: Path, *args: str, command: tuple[str, ...] = (), extra_env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess:
-    """Train in a subprocess; `command` is a launcher that ends by running dpo_inv.run."""
-    command = command or (sys.executable, "-m", "dpo_inv.run")
-    result = subprocess.run(
-        [*command, "--cache_dir", str(tmp_path / "cache"), *args],
-        cwd=ROOT,
-        env={**env(tmp_path), **(extra_env or {})},
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
+    """Train, and assert it ended with status 0: in the test's process (`command_in_process`, from the
+    repository's folder, with `extra_env` set while it runs), or in the processes `command` starts (ALONE, or
+    a launcher that ends by running dpo_inv.run) where what a process does is what the test is about."""
+    options = ("--cache_dir", str(tmp_path / "cache"), *args)
+    if command:
+        result = subprocess.run([*command, *options], cwd=ROOT, env={**env(tmp_path), **(extra_env or {})},
+                                capture_output=True, text=True, timeout=900)  # fmt: skip
+    else:
+        with mock.patch.dict(os.environ, extra_env or {}):
+            result = command_in_process("train", *options, prog="python -m dpo_inv.run")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return result
 
@@ -97,7 +101,7 @@ def test_resume_continues_exactly_and_old_checkpoints_are_pruned(tmp_path):
     shutil.copytree(straight / "checkpoints" / "step-3", resumed / "checkpoints" / "step-3")
     result = run(
         tmp_path, "--train_file", str(data), "--output_dir", str(resumed), "--save_total_limit", "4",
-        "--resume_from_checkpoint", "latest", *COMMON,
+        "--resume_from_checkpoint", "latest", *COMMON, command=ALONE,  # its log as a batch job's file has it
     )  # fmt: skip
     assert "Resumed from" in result.stdout + result.stderr
     assert_reads_well_in_a_log(result.stdout + result.stderr)
@@ -195,7 +199,7 @@ def test_torch_compile_trains_as_eager_and_saves_plain_models(tmp_path):
             "--per_device_train_batch_size", "2", "--learning_rate", "3e-4", "--warmup_steps", "1",
             "--logging_steps", "1")  # fmt: skip
     run(tmp_path, *args, "--output_dir", str(tmp_path / "eager"))
-    run(tmp_path, *args, "--output_dir", str(tmp_path / "compiled"), "--torch_compile")
+    run(tmp_path, *args, "--output_dir", str(tmp_path / "compiled"), "--torch_compile", command=ALONE)
     for a, b in zip(metrics(tmp_path / "eager"), metrics(tmp_path / "compiled"), strict=True):
         assert b["loss"] == pytest.approx(a["loss"], rel=1e-4)
         assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-4)
@@ -212,7 +216,8 @@ def test_trackers_write_their_logs(tmp_path):
     run(tmp_path, "--train_file", str(small_pairs(tmp_path, limit=4)), "--eval_split", "0",
         "--max_steps", "2", "--per_device_train_batch_size", "2", "--logging_steps", "1",
         "--output_dir", str(output), "--report_to", "tensorboard", "wandb", "--run_name", "trackers",
-        extra_env={"WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path), "WANDB_SILENT": "true"})  # fmt: skip
+        extra_env={"WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path), "WANDB_SILENT": "true"},
+        command=ALONE)  # fmt: skip
     events = list((output / "trackers").glob("events.out.tfevents.*"))
     assert events and events[0].stat().st_size > 0
     wandb_runs = list((tmp_path / "wandb").glob("offline-run-*"))

@@ -1,14 +1,12 @@
 """Conditional variant scoring equals the full-sequence path where it must; Spearman per structure."""
 
 import json
-import subprocess
-import sys
 
 import numpy as np
 import pandas
 import pytest
 import torch
-from conftest import ROOT, STABILITY, STRUCTURES, stability_rows
+from conftest import STABILITY, STRUCTURES, command_in_process, stability_rows
 
 from dpo_inv.data.batches import ExampleDataset
 from dpo_inv.data.dataset import VARIANTS, load_records
@@ -110,13 +108,13 @@ def test_a_substitution_at_a_residue_without_backbone_is_refused(tmp_path):
     variant = native[:2] + ("A" if native[2] != "A" else "G") + native[3:]
     row = {"pdb_file": str(STRUCTURES / "1mr1D_failing.pdb.gz"), "chain_id": "D", "sequence": variant,
            "wildtype_seq": native, "label": 1.0}  # fmt: skip
-    command = [sys.executable, "-m", "dpo_inv", "score", "--data", write(tmp_path / "v.jsonl", [row]),
-               "--output", str(tmp_path / "o.jsonl"), "--cache_dir", str(tmp_path / "cache")]  # fmt: skip
-    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+    command = ["score", "--data", write(tmp_path / "v.jsonl", [row]), "--output", str(tmp_path / "o.jsonl"),
+               "--cache_dir", str(tmp_path / "cache")]  # fmt: skip
+    result = command_in_process(*command)
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert result.stderr.strip().splitlines() == [
         "python -m dpo_inv score: error: substitution at position 2 of a residue without backbone "
         f"coordinates (structure {STRUCTURES / '1mr1D_failing.pdb.gz'}); it cannot be scored"
     ]
-    full = subprocess.run([*command, "--variant_scoring", "full"], cwd=ROOT, capture_output=True, text=True)
+    full = command_in_process(*command, "--variant_scoring", "full")
     assert full.returncode == 0  # the full path leaves the unobserved residue out of log p
