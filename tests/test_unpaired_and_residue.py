@@ -10,7 +10,7 @@ import pytest
 import torch
 from conftest import EXAMPLE, ROOT, SHARED_DATA
 from test_distributed import torchrun
-from test_train import SMALL_STRUCTURES, metrics, run, weights
+from test_train import ALONE, SMALL_STRUCTURES, metrics, run, weights
 
 from dpo_inv.data.batches import ExampleDataset, collate
 from dpo_inv.data.dataset import LABELLED, load_records
@@ -346,7 +346,7 @@ def test_the_kto_and_residpo_examples_raise_held_out_reward_accuracy_as_the_read
     output = tmp_path / "run"
     run(tmp_path, "--config", f"configs/{name}_example.yaml", "--mixed_precision", "no", "--train_file",
         str(data["train"]), "--eval_file", str(data["val"]), "--output_dir", str(output),
-        extra_env={"OMP_NUM_THREADS": "2"})  # fmt: skip
+        extra_env={"OMP_NUM_THREADS": "2"}, command=ALONE)  # fmt: skip
     eval_file, cache = EXAMPLE / "pairs" / "val.jsonl", str(tmp_path / "cache")
     base = score_file(ScoreConfig(data=str(eval_file), output=str(tmp_path / "base.jsonl"), cache_dir=cache))
     tuned = score_file(
