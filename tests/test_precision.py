@@ -46,7 +46,7 @@ def fresh_accelerator():
 
 
 @pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("precision", ["no", "bf16"])
+@pytest.mark.parametrize("precision", ["no", pytest.param("bf16", marks=pytest.mark.slow)])  # 20 s emulated
 def test_the_starting_model_has_zero_rewards(tmp_path, precision, kind, fresh_accelerator):
     options, folder, start_loss = KINDS[kind]
     rows = records(folder)

@@ -117,6 +117,7 @@ def train_step(accelerator, policy, reference, batch, dtypes=None):
     return loss.detach(), per_pair, torch.cat([p.grad.flatten() for p in model.parameters()])
 
 
+@pytest.mark.slow  # 10 s where the CPU emulates bf16
 def test_bf16_autocast_matches_fp32(data, policy, reference, accelerator_for):
     """The trainer's bf16 autocast against fp32 on one batch: log-probs, loss and gradient agree to bf16
     precision."""
@@ -360,6 +361,7 @@ class HeapPeak(TorchDispatchMode):
         self.peak -= self.start
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(glibc() is None or not hasattr(glibc(), "mallinfo2"), reason="reads glibc's mallinfo2")
 def test_context_layers_compute_their_messages_in_chunks_where_that_saves_memory(cache_dir, monkeypatch):
     """LigandMPNN's context layers sum their messages over chunks of entries where their activations are not
