@@ -68,6 +68,11 @@ def command_in_process(
     return subprocess.CompletedProcess(list(args), code, out.getvalue(), err.getvalue())
 
 
+def train_in_process(*args: str) -> subprocess.CompletedProcess:
+    """`python -m dpo_inv.run ARGS` in the test's process (`command_in_process`)."""
+    return command_in_process("train", *args, prog="python -m dpo_inv.run")
+
+
 def needs_program(name: str) -> None:
     """Skip the calling test, naming what to install, when the system program ``name`` is missing."""
     if shutil.which(name) is None:

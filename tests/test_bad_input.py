@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, command_in_process
+from conftest import ROOT, command_in_process, train_in_process
 from test_distributed import free_port
 from test_train import env, metrics
 
@@ -126,7 +126,7 @@ def train(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
     """`python -m dpo_inv.run` with the corpus's options, run in the test's process (`command_in_process`):
     its status and what it printed."""
     options = ("--cache_dir", str(tmp_path / "cache"), "--output_dir", str(tmp_path / "out"), *QUICK, *args)
-    return command_in_process("train", *options, prog="python -m dpo_inv.run")
+    return train_in_process(*options)
 
 
 def train_alone(tmp_path: Path, *args: str, command: tuple[str, ...] = TRAIN) -> subprocess.CompletedProcess:
@@ -139,10 +139,9 @@ def train_alone(tmp_path: Path, *args: str, command: tuple[str, ...] = TRAIN) ->
 
 
 @pytest.mark.slow
-def test_training_on_each_bad_file_exits_2_with_its_line_and_no_traceback(tmp_path, monkeypatch):
+def test_training_on_each_bad_file_exits_2_with_its_line_and_no_traceback(tmp_path):
     """Each case in this process (a process each would spend most of its time importing), then one in a
     process of its own, which says what the one in this process said."""
-    monkeypatch.chdir(ROOT)
     runs = {case: (str(BAD / f"{case}.jsonl"), *options(case)) for case in CASES}
     runs["empty_data"] = (str(EMPTY[0]),)
     runs["debug"] = (str(BAD / "wrong_length.jsonl"), "--debug")
@@ -155,10 +154,8 @@ def test_training_on_each_bad_file_exits_2_with_its_line_and_no_traceback(tmp_pa
         )
         assert ("Traceback" in result.stderr) == (case == "debug"), case
         assert not (tmp_path / case / "out" / "checkpoints").exists()
-    alone, in_process = (
-        train_alone(tmp_path / "alone", "--train_file", *runs["wrong_length"]),
-        results["wrong_length"],
-    )
+    alone = train_alone(tmp_path / "alone", "--train_file", *runs["wrong_length"])
+    in_process = results["wrong_length"]
     assert (alone.returncode, alone.stderr) == (in_process.returncode, in_process.stderr)
 
 
@@ -270,14 +267,8 @@ def test_an_eval_file_of_bad_structures_stops_training_with_one_line_each(tmp_pa
 @pytest.mark.parametrize("command", ["pairs", "score"])
 def test_scored_and_scoring_commands_on_bad_structures(tmp_path, command):
     bad = all_bad(tmp_path, {"sequence": "ACD", "score": 1.0, "wildtype_seq": "ACE", "label": 1.0})
-    options = (
-        "--data",
-        str(bad),
-        "--output",
-        str(tmp_path / "out.jsonl"),
-        "--cache_dir",
-        str(tmp_path / "cache"),
-    )
+    options = ("--data", str(bad), "--output", str(tmp_path / "out.jsonl"),
+               "--cache_dir", str(tmp_path / "cache"))  # fmt: skip
     result = command_in_process(command, *options)
     assert result.returncode == EXIT_BAD_INPUT and "Traceback" not in result.stderr
     assert f"{bad}:3: {STRUCTURES / 'no_coordinates.cif'}: no atomic coordinates found" in result.stderr

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import ROOT, command_in_process
+from conftest import ROOT, command_in_process, train_in_process
 
 import dpo_inv
 from dpo_inv.cli import parse
@@ -40,10 +40,6 @@ def test_a_single_value_where_a_list_is_expected(tmp_path):
     assert (config.report_to, config.loss_type, config.structure_root) == (["none"], ["ipo"], ["/data"])
     config = parse_train(["--config", str(path), "--report_to", "none", "--loss_type", "sigmoid", "hinge"])
     assert (config.report_to, config.loss_type) == (["none"], ["sigmoid", "hinge"])
-
-
-def train_in_process(*args: str) -> subprocess.CompletedProcess:
-    return command_in_process("train", *args, prog="python -m dpo_inv.run")
 
 
 def test_an_unknown_tracker_stops_with_the_valid_names():
@@ -136,10 +132,10 @@ def test_settings_that_would_train_the_wrong_thing_are_refused(fields, message):
 )  # fmt: skip
 def test_commands_refuse_them_in_one_line(module, args, message):
     config = ["--config", str(ROOT / "configs" / "rounds_example.yaml")] if module == "dpo_inv rounds" else []
-    command, prog = (
-        ("train", "python -m dpo_inv.run") if module == "dpo_inv.run" else (module[8:], "python -m dpo_inv")
-    )
-    result = command_in_process(command, *config, *args, prog=prog)
+    if module == "dpo_inv.run":
+        result = train_in_process(*config, *args)
+    else:
+        result = command_in_process(module.removeprefix("dpo_inv "), *config, *args)
     assert result.returncode == 2
     assert result.stderr == f"python -m {module}: error: {message}\n"
 

