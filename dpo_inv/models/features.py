@@ -6,6 +6,8 @@ Numerics follow the reference ``protein_mpnn_utils.py`` and LigandMPNN's ``model
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -24,6 +26,7 @@ from dpo_inv.structures.context import periodic_group_and_period
 _NUM_RBF = 16
 _NUM_POSITIONAL = 16
 _MAX_RELATIVE_FEATURE = 32
+SEARCH_CHUNK_DISTANCES = 1 << 22  # distances a nearest-neighbour search holds at a time (~32 bytes each)
 
 # Atom indices into the stacked backbone [N, CA, C, O, Cb] and the 24 (centre, neighbour) distance pairs
 # after CA-CA, in the reference order.
@@ -137,12 +140,17 @@ class GraphFeatures(nn.Module):
 
     def _dist(self, Ca: Tensor, mask: Tensor, eps: float = 1e-6) -> tuple[Tensor, Tensor]:
         """Distances to and indices of the ``top_k`` nearest residues (missing residues pushed last)."""
-        mask_2D = mask.unsqueeze(1) * mask.unsqueeze(2)
-        dX = Ca.unsqueeze(1) - Ca.unsqueeze(2)
-        D = mask_2D * torch.sqrt(torch.sum(dX**2, 3) + eps)
-        D_max, _ = torch.max(D, -1, keepdim=True)
-        D_adjust = D + (1.0 - mask_2D) * D_max
-        return torch.topk(D_adjust, min(self.top_k, Ca.shape[1]), dim=-1, largest=False)
+        k = min(self.top_k, Ca.shape[1])
+
+        def nearest(Ca_i: Tensor, mask_i: Tensor) -> tuple[Tensor, Tensor]:
+            mask_2D = mask.unsqueeze(1) * mask_i.unsqueeze(2)
+            dX = Ca.unsqueeze(1) - Ca_i.unsqueeze(2)
+            D = mask_2D * torch.sqrt(torch.sum(dX**2, 3) + eps)
+            D_max, _ = torch.max(D, -1, keepdim=True)
+            D_adjust = D + (1.0 - mask_2D) * D_max
+            return tuple(torch.topk(D_adjust, k, dim=-1, largest=False))
+
+        return in_row_chunks(nearest, (Ca, mask), Ca.shape[1])
 
     def _edge_embedding_parts(
         self, E_idx: Tensor, residue_idx: Tensor, chain_labels: Tensor
@@ -157,6 +165,21 @@ class GraphFeatures(nn.Module):
         W = weight(self.edge_embedding)
         W_positional, W_rest = W.split([_NUM_POSITIONAL, W.shape[1] - _NUM_POSITIONAL], dim=1)
         return classes, F.linear(self.embeddings.table(), W_positional), W_rest
+
+
+def in_row_chunks(
+    search: Callable[..., tuple[Tensor, ...]], rows: tuple[Tensor, ...], columns: int
+) -> tuple[Tensor, ...]:
+    """``search(*rows)``, a nearest-neighbour search of each row (dim 1 of ``rows``, each ``[B, L, ...]``)
+    among ``columns`` candidates, over chunks of rows of at most ``SEARCH_CHUNK_DISTANCES`` distances, its
+    outputs concatenated along dim 1: each row's result to the bit, holding one chunk's distances at a time,
+    not all ``B x L x columns`` (the compiler takes the search whole)."""
+    B, L = rows[0].shape[:2]
+    size = max(1, SEARCH_CHUNK_DISTANCES // max(1, B * columns))
+    if size >= L or torch.compiler.is_compiling():
+        return search(*rows)
+    parts = [search(*chunk) for chunk in zip(*(x.split(size, dim=1) for x in rows), strict=True)]
+    return tuple(torch.cat(outputs, dim=1) for outputs in zip(*parts, strict=True))
 
 
 def virtual_cb(X: Tensor) -> Tensor:
@@ -287,9 +310,14 @@ class LigandFeatures(ProteinFeatures):
     ) -> tuple[Tensor, Tensor, Tensor]:
         """Each residue's context atoms nearest to its virtual Cb: coordinates ``[B, L, M, 3]``, atomic
         numbers and mask ``[B, L, M]``, from the structure's ``xyz [B, A, 3]``, ``element``, ``atom_mask``."""
-        d2 = torch.sum((virtual_cb(X)[:, :, None] - xyz[:, None]) ** 2, -1)
-        d2 = d2.masked_fill(~(mask[:, :, None] * atom_mask[:, None]).bool(), float("inf"))
-        idx = torch.topk(d2, min(self.atom_context_num, xyz.shape[1]), dim=-1, largest=False).indices
+        k = min(self.atom_context_num, xyz.shape[1])
+
+        def nearest(X_i: Tensor, mask_i: Tensor) -> tuple[Tensor]:
+            d2 = torch.sum((virtual_cb(X_i)[:, :, None] - xyz[:, None]) ** 2, -1)
+            d2 = d2.masked_fill(~(mask_i[:, :, None] * atom_mask[:, None]).bool(), float("inf"))
+            return (torch.topk(d2, k, dim=-1, largest=False).indices,)
+
+        (idx,) = in_row_chunks(nearest, (X, mask), xyz.shape[1])
         Y = gather_nodes(xyz, idx)
         return Y, gather_neighbors(element, idx), gather_neighbors(atom_mask, idx)
 
