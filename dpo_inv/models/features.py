@@ -174,9 +174,11 @@ def in_row_chunks(
     among ``columns`` candidates, over chunks of rows of at most ``SEARCH_CHUNK_DISTANCES`` distances, its
     outputs concatenated along dim 1: each row's result to the bit, holding one chunk's distances at a time,
     not all ``B x L x columns`` (the compiler takes the search whole)."""
+    if torch.compiler.is_compiling():
+        return search(*rows)
     B, L = rows[0].shape[:2]
     size = max(1, SEARCH_CHUNK_DISTANCES // max(1, B * columns))
-    if size >= L or torch.compiler.is_compiling():
+    if size >= L:
         return search(*rows)
     parts = [search(*chunk) for chunk in zip(*(x.split(size, dim=1) for x in rows), strict=True)]
     return tuple(torch.cat(outputs, dim=1) for outputs in zip(*parts, strict=True))
