@@ -19,12 +19,12 @@ import time
 from pathlib import Path
 
 import numpy as np
+from benchmark import COPY_SPACING
 
 import dpo_inv.models.features
 from dpo_inv.structures.parse import parse_structure
 
 ROOT = Path(__file__).resolve().parents[1]
-COPY_SPACING = 250.0  # Å between copies of the base structure, as scripts/benchmark.py places them
 
 
 def proc_mb(key: str) -> float:
