@@ -127,6 +127,28 @@ def test_resume_continues_exactly_and_old_checkpoints_are_pruned(tmp_path):
     assert json.loads(scored.stdout)["accuracy"] == round(json.loads(scored.stdout)["accuracy"], 4)
 
 
+@pytest.mark.slow
+def test_a_run_from_step_0_in_a_used_output_dir_logs_only_its_own_steps(tmp_path):
+    """A run from step 0 where an earlier run wrote (not resuming, or resuming where that run saved no
+    checkpoint yet) starts metrics.jsonl afresh: the file, and the curves `plot` draws from it, hold one run's
+    steps, not the earlier run's followed by its own."""
+    out = tmp_path / "out"
+    args = ("--train_file", str(small_pairs(tmp_path, limit=8)), "--output_dir", str(out), *COMMON)
+    args = (*args, "--max_steps", "2", "--save_steps", "2")
+
+    def steps_and_losses() -> list[tuple[int, float]]:
+        return [(m["step"], m["loss"]) for m in metrics(out)]
+
+    run(tmp_path, *args)
+    first = steps_and_losses()
+    assert [step for step, _ in first] == [1, 2]
+    run(tmp_path, *args)
+    assert steps_and_losses() == first
+    shutil.rmtree(out / "checkpoints")
+    run(tmp_path, *args, "--resume_from_checkpoint", "latest")
+    assert steps_and_losses() == first
+
+
 def assert_reads_well_in_a_log(log: str) -> None:
     """What a batch job's log file gets: lines, no progress-bar redraws, no bars of short work."""
     assert "\r" not in log

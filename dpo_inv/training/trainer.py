@@ -415,19 +415,22 @@ def train_batches(config: DPOConfig, lengths: np.ndarray, num_processes: int) ->
 
 
 def resume(run: Run) -> None:
-    """With resume_from_checkpoint: load the newest (or the given) checkpoint's state, if there is one."""
-    if not run.config.resume_from_checkpoint:
-        return
-    checkpoint = find_checkpoint(run.output_dir, run.config.resume_from_checkpoint)
-    if checkpoint is None:
-        say(run.accelerator, f"No checkpoint in {run.output_dir / 'checkpoints'} yet: starting from step 0")
-        return
-    run.accelerator.load_state(str(checkpoint))
-    run.state = TrainerState.load(checkpoint)
-    if run.accelerator.is_main_process:  # a run killed after its last checkpoint logged further steps
+    """With resume_from_checkpoint: load the newest (or the given) checkpoint's state, if there is one. The
+    logs then hold the run's lines up to its step: none from step 0 (an earlier run in the same output_dir,
+    or one killed before its first checkpoint, left its own), those to the checkpoint's step on resuming (a
+    run killed after its last checkpoint logged further steps)."""
+    wanted = run.config.resume_from_checkpoint
+    checkpoint = find_checkpoint(run.output_dir, wanted) if wanted else None
+    if checkpoint is not None:
+        run.accelerator.load_state(str(checkpoint))
+        run.state = TrainerState.load(checkpoint)
+    if run.accelerator.is_main_process:
         for log in ("metrics.jsonl", "data_order.jsonl"):
-            truncate_log(run.output_dir / log, run.state.global_step)
-    say(run.accelerator, f"Resumed from {checkpoint} at step {run.state.global_step}")
+            truncate_log(run.output_dir / log, run.state.global_step if checkpoint else -1)
+    if checkpoint is not None:
+        say(run.accelerator, f"Resumed from {checkpoint} at step {run.state.global_step}")
+    elif wanted:
+        say(run.accelerator, f"No checkpoint in {run.output_dir / 'checkpoints'} yet: starting from step 0")
 
 
 def announce(run: Run, setup: str) -> None:
