@@ -98,7 +98,7 @@ def main() -> None:
     sample = sorted(random.Random(0).sample(range(len(records)), min(args.full_sample, len(records))))
     config = ScoreOptions(decoding_order="random", batch_size=16)
     start = time.perf_counter()
-    score_dataset([model], Subset(dataset, sample), config, device)
+    score_dataset([model], Subset(dataset, sample), config, device, ("sequence", "wildtype"))
     seconds = time.perf_counter() - start
     report(common, "full", len(sample), seconds)
 

@@ -371,7 +371,10 @@ class DecLayer(NodeLayer):
         sequence ``n`` at ``positions[b, q, n]``, ``[B, Q, N, H]`` (a step of incremental decoding).
         """
         if positions is None:
-            W_i, W_e, neighbours, visible = self._residue_blocks(h_V, h_S, enc)
+            H = h_V.shape[-1]
+            W_i, W_e, W_s, W_j = weight(self.W1).split([H, enc.h_E.shape[-1], h_S.shape[-1], H], dim=1)
+            neighbours = F.linear(enc.h_V, W_j)
+            visible = F.linear(h_S, W_s) + F.linear(h_V - enc.h_V.unsqueeze(2), W_j)
             if runs_fused(self, enc.h_E):  # the edge block applied and the neighbours' gathered in the kernel
                 summed = fused.message_sum(
                     enc.h_E.flatten(0, 1), F.linear(h_V, W_i, self.W1.bias).flatten(0, 1),
@@ -395,30 +398,23 @@ class DecLayer(NodeLayer):
     def update_residues(
         self, h_V: Tensor, h_S: Tensor, enc: Encoding, mask_bw: Tensor, residues: Tensor, sequences: Tensor
     ) -> Tensor:
-        """:meth:`forward`'s new states ``[M, H]`` of M residues alone, residue ``residues[m]`` (a row of the
-        flattened ``[B * L]``) of sequence ``sequences[m]``: ``W1``'s blocks applied per residue, as for all
-        residues, then gathered (for many residues, where their edges outnumber the structure's residues)."""
-        _, W_e, neighbours, visible = self._residue_blocks(h_V, h_S, enc)
-        N = h_V.shape[2]
-        structure = F.linear(enc.h_E, W_e).add_(gather_nodes(neighbours, enc.E_idx)).flatten(0, 1)[residues]
-        E_idx = flat_neighbors(enc.E_idx)[residues]  # [M, K]
+        """:meth:`forward`'s new states ``[M, H]`` of M residues alone: residue ``residues[m]`` (a row of the
+        flattened ``[B * L]``) of sequence ``sequences[m]``. ``W1``'s blocks are applied, as in the whole
+        layer, once to each residue and each (neighbour, sequence) these see, then gathered onto the edges."""
+        H, N = h_V.shape[-1], h_V.shape[2]
+        _, W_e, W_s, W_j = weight(self.W1).split([H, enc.h_E.shape[-1], h_S.shape[-1], H], dim=1)
+        E_idx, encoded = flat_neighbors(enc.E_idx), enc.h_V.flatten(0, 1)
+        rows, row = torch.unique(residues, return_inverse=True)
+        structure = F.linear(enc.h_E.flatten(0, 1)[rows], W_e).add_(F.linear(encoded, W_j)[E_idx[rows]])
+        seen_by = E_idx[residues] * N + sequences.unsqueeze(1)  # [M, K] rows of the flattened [B * L * N]
+        pairs, pair = torch.unique(seen_by, return_inverse=True)
+        visible = F.linear(h_S.flatten(0, 2)[pairs], W_s)
+        visible = visible + F.linear(h_V.flatten(0, 2)[pairs] - encoded[pairs // N], W_j)
         seen = mask_bw.flatten(0, 1)[residues, :, sequences].unsqueeze(-1)  # [M, K, 1]
-        visible = visible.flatten(0, 2)[E_idx * N + sequences.unsqueeze(1)]  # [M, K, H]
-        pre = torch.addcmul(structure, seen.to(visible.dtype), visible).transpose(0, 1)  # [K, M, H]
+        pre = torch.addcmul(structure[row], seen.to(visible.dtype), visible[pair]).transpose(0, 1)  # K, M, H
         h_V = h_V.flatten(0, 2)[residues * N + sequences]
         mask = enc.mask.flatten()[residues]
         return self._update(h_V[None, None], pre[None, None], mask[None, None])[0, 0]
-
-    def _residue_blocks(self, h_V: Tensor, h_S: Tensor, enc: Encoding) -> tuple[Tensor, ...]:
-        """``W1``'s blocks as the layer applies them per residue before gathering them onto the edges: ``W_i``
-        and ``W_e`` (the node's and the edge's, not yet applied), the neighbour block applied to the
-        encoder's states ``[B, L, H]``, and what a neighbour adds where it is seen (its token, its own state)
-        ``[B, L, N, H]``."""
-        H = h_V.shape[-1]
-        W_i, W_e, W_s, W_j = weight(self.W1).split([H, enc.h_E.shape[-1], h_S.shape[-1], H], dim=1)
-        neighbours = F.linear(enc.h_V, W_j)
-        visible = F.linear(h_S, W_s) + F.linear(h_V - enc.h_V.unsqueeze(2), W_j)
-        return W_i, W_e, neighbours, visible
 
     def update_gathered(self, h_V: Tensor, h_E: Tensor, h_S_j: Tensor, h_V_j: Tensor, mask: Tensor) -> Tensor:
         """New states ``[N, H]`` of N nodes from their states ``h_V [N, H]``, edges ``h_E [N, K, H]`` and
