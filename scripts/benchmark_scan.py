@@ -3,7 +3,7 @@
     python scripts/benchmark_scan.py [--structures S.pdb.gz ...] [--lengths 2000] [--repeats 2]
 
 Scans each structure (default: a 48-residue domain, 1eteA with 134 residues, the AlphaFold2 model of AMIE
-with 341 and the five-chain complex 1BD2 with 815), and each of `--lengths` (1BD2 repeated, as
+with 346 and the five-chain complex 1BD2 with 815), and each of `--lengths` (1BD2 repeated, as
 `scripts/benchmark.py --lengths` builds it), `--repeats` times, in the default random order, parsing
 included: seconds, positions per second and the peak memory above that before the scan (`benchmark.py`'s
 measure: the process's resident memory on a CPU). One JSON line per scan.

@@ -28,12 +28,7 @@ from dpo_inv.data.proteingym import GivenStructure, complete_records
 from dpo_inv.data.records import Data, raise_bad_records, read_records
 from dpo_inv.errors import StructureError
 from dpo_inv.models.combinations import base_order, base_states, joint_deltas, joint_plan
-from dpo_inv.models.layers import (
-    DecoderStates,
-    Encoding,
-    causal_neighbor_mask,
-    gather_nodes,
-)
+from dpo_inv.models.layers import DecoderStates, Encoding, causal_neighbor_mask, gather_nodes
 from dpo_inv.models.mpnn import ProteinMPNN, decoding_ranks, derive_seed
 
 ORDERS_PER_PASS = 64  # decoding orders (substituted positions x orders) per decoder batch
@@ -130,15 +125,14 @@ def decoded_last(
     to the end sees all its neighbours; those decoded after it in the wild type's order no longer see it),
     and, a layer further each time, where a residue's own state or one it sees changed. Layer by layer only
     those residues are computed (on 1BD2, 22 and 57 of its 815 in the first two layers, on average over
-    positions), the others keep the wild type pass's states: the cost of a pass does not grow with the
-    structure's length.
+    positions), the others keep the wild type pass's states: the layers' work per pass is about the same in
+    any structure, only its masks and the copy of the wild type's states grow with the length.
     """
     S, ranks, where = conditional_inputs(batch, positions, seed, num_orders)
     order = torch.arange(S.shape[1], device=S.device) % num_orders
     mask_bw = enc.mask[:, :, None, None] * causal_neighbor_mask(ranks, enc.E_idx)  # [1, L, K, N]
     h_S = model.W_s(S.transpose(1, 2))
-    viewed = (mask_bw != wildtype.mask_bw[..., order]).any(2)  # [1, L, N]
-    changed = viewed
+    changed = (mask_bw != wildtype.mask_bw[..., order]).any(2)  # [1, L, N]: what a residue sees
     h_V = enc.h_V.unsqueeze(2).expand_as(h_S)
     for layer, below in zip(model.decoder_layers[:-1], wildtype.states, strict=True):
         residues, sequences = changed[0].nonzero(as_tuple=True)
