@@ -256,6 +256,20 @@ def test_an_include_already_measured_is_bad_input_and_a_failed_one_is_measured_a
     assert code == 0 and proposed(campaign, 2)[0] == first[0], err
 
 
+def test_a_parent_that_ends_in_alanine_keeps_its_scores_and_knows_what_it_measured(tmp_path):
+    """Alanine is token 0: a variant ending in it keeps its whole key (a numpy bytes array would drop the
+    trailing zero bytes, and the kept scores and the measured variants no longer matched)."""
+    campaign = start(tmp_path, "--parent", "V48A")
+    with np.load(campaign / "zero_shot.npz") as kept:
+        assert len(kept["scores"]) == 71 and kept["columns"].tolist() == [7, 36]  # E8 and W37
+    first = proposed(campaign, 1)
+    measure(campaign, 1, [(m, "0.3") for m in first])
+    (tmp_path / "mine.csv").write_text(f"mutations\n{first[1]}\n")
+    refused(campaign, f"{first[1]} is measured already", "--include", str(tmp_path / "mine.csv"))
+    code, _, err = call(campaign)
+    assert code == 0 and not set(proposed(campaign, 2)) & set(first), err
+
+
 def test_a_second_propose_on_a_running_campaign_is_refused(tmp_path):
     campaign = start(tmp_path)
     measure(campaign, 1, [(m, "0.1") for m in proposed(campaign, 1)])

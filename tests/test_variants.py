@@ -11,15 +11,16 @@ from conftest import EXAMPLE, STABILITY, STRUCTURES, command_in_process, stabili
 from dpo_inv.data.batches import ExampleDataset, collate, structure_inputs
 from dpo_inv.data.dataset import VARIANTS, load_records
 from dpo_inv.data.design import read_design_space
+from dpo_inv.models.combinations import reordered_passes
 from dpo_inv.models.layers import DecLayer
 from dpo_inv.models.variants import (
     conditional_deltas,
     conditional_inputs,
     conditional_log_probs,
+    conditional_wildtype,
     decoded_last,
     spearman,
     spearman_by_structure,
-    wildtype_pass,
 )
 from dpo_inv.models.weights import load_model
 from dpo_inv.structures.parse import parse_structure
@@ -63,10 +64,18 @@ def test_passes_that_decode_a_position_last_recompute_only_the_residues_it_reach
         enc = model.double().encode(**structure_inputs(batch))
         for seed, num_orders in ((None, 1), (11, 2)):
             S, ranks, _ = conditional_inputs(batch, positions, seed, num_orders)
-            wildtype = wildtype_pass(model, enc, batch, seed, num_orders)
+            wildtype = conditional_wildtype(model, enc, batch, seed, num_orders)
             states, _ = decoded_last(model, enc, batch, wildtype, positions, seed, num_orders)
             assert (states.h_V - model.decode_below_last(enc, S, ranks).h_V).abs().max() < 1e-12
-    assert len(computed) == 6 and max(computed) < 0.15  # two layers below the last, each a few residues
+        # the joint estimator's passes: three positions moved to the end together, in two orders
+        base = conditional_wildtype(model, enc, batch, None, 1)
+        ranks = torch.empty(2, L, dtype=torch.long)
+        for row, moved in enumerate(([3, 139, 411], [411, 3, 139])):
+            ranks[row, [*(j for j in range(L) if j not in moved), *moved]] = torch.arange(L)
+        states, _ = reordered_passes(model, enc, base, ranks, torch.zeros(2, dtype=torch.long))
+        S = batch["wildtype"].unsqueeze(1).expand(1, 2, L)
+        assert (states[-1] - model.decode_below_last(enc, S, ranks[None]).h_V).abs().max() < 1e-12
+    assert len(computed) == 8 and max(computed[:6]) < 0.15 and max(computed[6:]) < 0.5  # a few residues
 
 
 @pytest.mark.parametrize("decoding_order", ["left_to_right", "random"])

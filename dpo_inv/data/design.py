@@ -350,8 +350,11 @@ def variant_key(variant: np.ndarray) -> bytes:
 
 
 def variant_keys(variants: np.ndarray) -> np.ndarray:
-    """`variant_key` of each row of ``variants`` ``[R, L]``."""
-    return np.array([variant_key(row) for row in variants])
+    """`variant_key` of each row of ``variants`` ``[R, L]``, as an object array: a numpy bytes array would
+    drop each key's trailing zero bytes (alanine is token 0)."""
+    keys = np.empty(len(variants), dtype=object)
+    keys[:] = [variant_key(row) for row in variants]
+    return keys
 
 
 def parse_allowed(spec: str, positions: Sequence[str]) -> dict[str, str]:

@@ -27,8 +27,15 @@ from dpo_inv.data.dataset import RecordSet, column
 from dpo_inv.data.proteingym import GivenStructure, complete_records
 from dpo_inv.data.records import Data, raise_bad_records, read_records
 from dpo_inv.errors import StructureError
-from dpo_inv.models.combinations import base_order, base_states, joint_deltas, joint_plan
-from dpo_inv.models.layers import DecoderStates, Encoding, causal_neighbor_mask, gather_nodes
+from dpo_inv.models.combinations import (
+    WildtypePass,
+    base_order,
+    joint_deltas,
+    joint_plan,
+    reordered_passes,
+    wildtype_pass,
+)
+from dpo_inv.models.layers import DecoderStates, Encoding
 from dpo_inv.models.mpnn import ProteinMPNN, decoding_ranks, derive_seed
 
 ORDERS_PER_PASS = 64  # decoding orders (substituted positions x orders) per decoder batch
@@ -86,27 +93,14 @@ def conditional_inputs(
     return S, ranks, chunk.repeat_interleave(num_orders).view(1, 1, -1)
 
 
-@dataclass
-class WildtypePass:
-    """The wild type decoded in the orders from which the passes of :func:`decoded_last` move a position to
-    the end: every residue's decoder state after each layer below the last ``[1, L, num_orders, H]``, and
-    what each residue sees ``[1, L, K, num_orders]``."""
-
-    states: list[torch.Tensor]
-    mask_bw: torch.Tensor
-
-
-def wildtype_pass(
+def conditional_wildtype(
     model: ProteinMPNN, enc: Encoding, batch: dict[str, torch.Tensor], seed: int | None, num_orders: int
 ) -> WildtypePass:
-    """One decoder pass of the wild type in the orders :func:`conditional_inputs` draws, with no position
-    moved to the end."""
+    """The wild type decoded in the orders :func:`conditional_inputs` draws, no position moved to the end."""
     L = batch["mask"].shape[1]
     ranks = decoding_ranks(torch.zeros_like(batch["mask"]), batch["mask"], None if seed is None else [seed],
                            num_orders, [L])  # fmt: skip
-    states = base_states(model, enc, batch["wildtype"][0], ranks[0])
-    mask_bw = enc.mask[:, :, None, None] * causal_neighbor_mask(ranks, enc.E_idx)
-    return WildtypePass([h.view(1, L, num_orders, -1) for h in states[1:]], mask_bw)
+    return wildtype_pass(model, enc, batch["wildtype"][0], ranks[0])
 
 
 def decoded_last(
@@ -119,28 +113,12 @@ def decoded_last(
     num_orders: int,
 ) -> tuple[DecoderStates, torch.Tensor]:
     """The decoder states below the last layer of the passes that score each of ``positions`` last (see
-    :func:`conditional_inputs`), and the position each pass scores ``[1, 1, N * num_orders]``.
-
-    A pass differs from the wild type's in the same order only where a residue's view changed (the one moved
-    to the end sees all its neighbours; those decoded after it in the wild type's order no longer see it),
-    and, a layer further each time, where a residue's own state or one it sees changed. Layer by layer only
-    those residues are computed (on 1BD2, 22 and 57 of its 815 in the first two layers, on average over
-    positions), the others keep the wild type pass's states: the layers' work per pass is about the same in
-    any structure, only its masks and the copy of the wild type's states grow with the length.
-    """
-    S, ranks, where = conditional_inputs(batch, positions, seed, num_orders)
-    order = torch.arange(S.shape[1], device=S.device) % num_orders
-    mask_bw = enc.mask[:, :, None, None] * causal_neighbor_mask(ranks, enc.E_idx)  # [1, L, K, N]
-    h_S = model.W_s(S.transpose(1, 2))
-    changed = (mask_bw != wildtype.mask_bw[..., order]).any(2)  # [1, L, N]: what a residue sees
-    h_V = enc.h_V.unsqueeze(2).expand_as(h_S)
-    for layer, below in zip(model.decoder_layers[:-1], wildtype.states, strict=True):
-        residues, sequences = changed[0].nonzero(as_tuple=True)
-        out = below[:, :, order].contiguous()
-        out[0, residues, sequences] = layer.update_residues(h_V, h_S, enc, mask_bw, residues, sequences)
-        h_V = out
-        changed = changed | ((mask_bw > 0) & gather_nodes(changed, enc.E_idx)).any(2)
-    return DecoderStates(h_V=h_V, h_S=h_S, mask_bw=mask_bw), where
+    :func:`conditional_inputs`), each a reordering of ``wildtype`` (:func:`reordered_passes`), and the
+    position each pass scores ``[1, 1, N * num_orders]``."""
+    _, ranks, where = conditional_inputs(batch, positions, seed, num_orders)
+    order = torch.arange(ranks.shape[1], device=ranks.device) % num_orders
+    states, mask_bw = reordered_passes(model, enc, wildtype, ranks[0], order)
+    return DecoderStates(h_V=states[-1], h_S=wildtype.h_S.expand_as(states[-1]), mask_bw=mask_bw), where
 
 
 @torch.no_grad()
@@ -158,7 +136,7 @@ def conditional_log_probs(
     from ``seed``, as the trainer draws them for a record; log-probabilities are averaged over the orders.
     """
     enc = model.encode(**structure_inputs(batch))
-    wildtype = wildtype_pass(model, enc, batch, seed, num_orders)
+    wildtype = conditional_wildtype(model, enc, batch, seed, num_orders)
     results = []
     per_pass = max(1, ORDERS_PER_PASS // num_orders)
     for start in range(0, len(positions), per_pass):
@@ -187,7 +165,7 @@ def conditional_states(
     last (one decoding order: left to right with ``seed=None``, else drawn from ``seed``), computed
     `STATES_PER_PASS` positions at a time."""
     enc = model.encode(**structure_inputs(batch))
-    wildtype = wildtype_pass(model, enc, batch, seed, 1)
+    wildtype = conditional_wildtype(model, enc, batch, seed, 1)
     parts = [
         decoded_last(model, enc, batch, wildtype, positions[start : start + STATES_PER_PASS], seed, 1)[0]
         for start in range(0, len(positions), STATES_PER_PASS)
