@@ -195,7 +195,7 @@ def reordered_passes(model: ProteinMPNN, enc: Encoding, base: WildtypePass, rank
     """
     mask_bw = enc.mask[:, :, None, None] * causal_neighbor_mask(ranks.unsqueeze(0), enc.E_idx)
     changed = (mask_bw != base.mask_bw[..., order]).any(2)  # [1, L, N]
-    h_V = base.states[0][:, :, order]
+    h_V = enc.h_V.unsqueeze(2).expand(-1, -1, len(order), -1)  # the encoder's: the same in every order
     h_S = base.h_S.expand_as(h_V)
     states = [h_V]
     for layer, below in zip(model.decoder_layers[:-1], base.states[1:], strict=True):
