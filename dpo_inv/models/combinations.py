@@ -159,8 +159,8 @@ def slot_head(model: ProteinMPNN, slots: Slots) -> Tensor:
 
 @dataclass
 class WildtypePass:
-    """The wild type decoded in O orders: each decoder layer's input, the encoder's states first,
-    ``[1, L, O, H]``, its token embeddings ``[1, L, 1, H]`` and what each residue sees ``[1, L, K, O]``."""
+    """The wild type decoded in O orders: each decoder layer's output below the last ``[1, L, O, H]``, its
+    token embeddings ``[1, L, 1, H]`` and what each residue sees ``[1, L, K, O]``."""
 
     states: list[Tensor]
     h_S: Tensor
@@ -172,7 +172,7 @@ def wildtype_pass(model: ProteinMPNN, enc: Encoding, wildtype: Tensor, ranks: Te
     h_S = model.W_s(wildtype).view(1, -1, 1, model.W_s.embedding_dim)
     mask_bw = enc.mask[:, :, None, None] * causal_neighbor_mask(ranks.unsqueeze(0), enc.E_idx)
     h_V = enc.h_V.unsqueeze(2).expand(-1, -1, ranks.shape[0], -1)
-    states = [h_V]
+    states = []
     for layer in model.decoder_layers[:-1]:
         h_V = layer(h_V, h_S.expand_as(h_V), enc, mask_bw)
         states.append(h_V)
@@ -182,8 +182,8 @@ def wildtype_pass(model: ProteinMPNN, enc: Encoding, wildtype: Tensor, ranks: Te
 def reordered_passes(model: ProteinMPNN, enc: Encoding, base: WildtypePass, ranks: Tensor,
                      order: Tensor) -> tuple[list[Tensor], Tensor]:  # fmt: skip
     """N decoder passes of the wild type in ``ranks [N, L]``, pass n a reordering of the base pass's order
-    ``order[n]``: each decoder layer's input ``[1, L, N, H]``, the encoder's states first (as
-    :func:`wildtype_pass`'s), and what each residue sees ``[1, L, K, N]``.
+    ``order[n]``: each decoder layer's input ``[1, L, N, H]``, the encoder's states first, and what each
+    residue sees ``[1, L, K, N]``.
 
     A pass differs from the base pass only where a residue's view changed (a residue moved later sees the
     neighbours it did not, those decoded after it in the base order no longer see it) and, a layer further
@@ -198,7 +198,7 @@ def reordered_passes(model: ProteinMPNN, enc: Encoding, base: WildtypePass, rank
     h_V = enc.h_V.unsqueeze(2).expand(-1, -1, len(order), -1)  # the encoder's: the same in every order
     h_S = base.h_S.expand_as(h_V)
     states = [h_V]
-    for layer, below in zip(model.decoder_layers[:-1], base.states[1:], strict=True):
+    for layer, below in zip(model.decoder_layers[:-1], base.states, strict=True):
         residues, sequences = changed[0].nonzero(as_tuple=True)
         out = below[:, :, order].contiguous()
         out[0, residues, sequences] = layer.update_residues(h_V, h_S, enc, mask_bw, residues, sequences)
