@@ -408,11 +408,14 @@ class DecLayer(NodeLayer):
         structure = F.linear(enc.h_E.flatten(0, 1)[rows], W_e).add_(F.linear(encoded, W_j)[E_idx[rows]])
         seen_by = E_idx[residues] * N + sequences.unsqueeze(1)  # [M, K] rows of the flattened [B * L * N]
         pairs, pair = torch.unique(seen_by, return_inverse=True)
-        visible = F.linear(h_S.flatten(0, 2)[pairs], W_s)
-        visible = visible + F.linear(h_V.flatten(0, 2)[pairs] - encoded[pairs // N], W_j)
+        # indexed by (residue, sequence): the states and token embeddings may be expanded over the
+        # sequences, and flattening them would copy them whole
+        h_S, h_V, node = h_S.flatten(0, 1), h_V.flatten(0, 1), pairs // N
+        visible = F.linear(h_S[node, pairs % N], W_s)
+        visible = visible + F.linear(h_V[node, pairs % N] - encoded[node], W_j)
         seen = mask_bw.flatten(0, 1)[residues, :, sequences].unsqueeze(-1)  # [M, K, 1]
         pre = torch.addcmul(structure[row], seen.to(visible.dtype), visible[pair]).transpose(0, 1)  # K, M, H
-        h_V = h_V.flatten(0, 2)[residues * N + sequences]
+        h_V = h_V[residues, sequences]
         mask = enc.mask.flatten()[residues]
         return self._update(h_V[None, None], pre[None, None], mask[None, None])[0, 0]
 
