@@ -410,9 +410,9 @@ class DecLayer(NodeLayer):
         pairs, pair = torch.unique(seen_by, return_inverse=True)
         # indexed by (residue, sequence): the states and token embeddings may be expanded over the
         # sequences, and flattening them would copy them whole
-        h_S, h_V, node = h_S.flatten(0, 1), h_V.flatten(0, 1), pairs // N
-        visible = F.linear(h_S[node, pairs % N], W_s)
-        visible = visible + F.linear(h_V[node, pairs % N] - encoded[node], W_j)
+        h_S, h_V, node, sequence = h_S.flatten(0, 1), h_V.flatten(0, 1), pairs // N, pairs % N
+        visible = F.linear(h_S[node, sequence], W_s)
+        visible = visible + F.linear(h_V[node, sequence] - encoded[node], W_j)
         seen = mask_bw.flatten(0, 1)[residues, :, sequences].unsqueeze(-1)  # [M, K, 1]
         pre = torch.addcmul(structure[row], seen.to(visible.dtype), visible[pair]).transpose(0, 1)  # K, M, H
         h_V = h_V[residues, sequences]
